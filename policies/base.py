@@ -1,0 +1,104 @@
+"""What a scheduling policy is: an object that turns the scheduler's read-only view into a
+BatchPlan. Policies see only the view and testbed.core; the scheduler validates and
+applies what they return (allocation, eviction, preemption when KV runs out)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from testbed.core import BatchPlan, Request
+
+ORDERS = ("fcfs", "sjf", "lpm", "priority")
+RESERVES = ("full", "estimate")
+
+
+@dataclass
+class PolicyConfig:
+    name: str = "chunked"
+    order: str = "fcfs"  # queue order of waiting requests
+    reserve: str = "full"  # KV reserved for running requests' remaining output at admission
+    max_running: int = 256
+    max_prefill_tokens: int = 8192  # prefill tokens per step (prefill_first); step budget (decode_first)
+    token_budget: int = 512  # tokens per step, decodes included (chunked)
+    chunk_size: int = 0  # most prefill tokens of one request in one step; 0 = no cap beyond the budget
+    # reserve=estimate: reserve ratio * remaining output tokens; the ratio decays per step
+    # from init to min and goes back to init after a preemption (after SGLang's new_token_ratio)
+    estimate_init: float = 0.7
+    estimate_min: float = 0.1
+    estimate_decay: float = 0.001
+
+    def validate(self) -> None:
+        def bad(key, value, allowed):
+            raise ValueError(f"policy.{key}={value!r} is invalid; allowed: {allowed}")
+        if self.order not in ORDERS:
+            bad("order", self.order, ", ".join(ORDERS))
+        if self.reserve not in RESERVES:
+            bad("reserve", self.reserve, ", ".join(RESERVES))
+        for key in ("max_running", "max_prefill_tokens", "token_budget"):
+            if getattr(self, key) < 1:
+                bad(key, getattr(self, key), "an integer >= 1")
+        if self.chunk_size < 0:
+            bad("chunk_size", self.chunk_size, "0 (off) or an integer >= 1")
+        if not (0.0 <= self.estimate_min <= self.estimate_init <= 1.0):
+            bad("estimate_init/estimate_min", (self.estimate_init, self.estimate_min), "0 <= min <= init <= 1")
+        if not (0.0 <= self.estimate_decay <= 1.0):
+            bad("estimate_decay", self.estimate_decay, "a number in [0, 1]")
+
+
+def pages_for(tokens: int, page_size: int) -> int:
+    return -(-tokens // page_size)
+
+
+class Policy:
+    """Subclass, set `name`, implement `plan`. One subclass per module in policies/scheduling."""
+    name = "base"
+
+    def __init__(self, cfg: PolicyConfig):
+        from policies.order import make_order
+        from policies.reserve import make_reserve
+        cfg.validate()
+        self.cfg = cfg
+        self.order = make_order(cfg.order)
+        self.reserve = make_reserve(cfg)
+
+    def make_plan(self, view) -> BatchPlan:
+        """What the scheduler calls once per step."""
+        self.reserve.observe(view)
+        return self.plan(view)
+
+    def plan(self, view) -> BatchPlan:
+        raise NotImplementedError
+
+    def choose_victim(self, view, candidates: list[Request]) -> Request:
+        """Which running request to preempt when KV runs out: the latest admitted."""
+        return max(candidates, key=lambda r: r.admit_seq)
+
+    # ---- helpers shared by the policies ---------------------------------------------------
+    def chunk_cap(self, budget: int) -> int:
+        return min(budget, self.cfg.chunk_size) if self.cfg.chunk_size else budget
+
+    def admit(self, view, plan: BatchPlan, budget: int, kv_left: int, chunk_last_only: bool = False) -> int:
+        """Admit waiting requests in queue order while they fit the token budget, the
+        running cap and the KV left; returns the budget left. Stops at the first request
+        that does not fit the KV (no overtaking: the order is the policy's promise).
+        chunk_last_only: only the last admitted request may be cut (prefill_first)."""
+        running = len(view.running)
+        for r in self.order(view):
+            if budget <= 0 or running >= self.cfg.max_running:
+                break
+            hit = view.prefix_match(r)
+            extend = r.device_len - hit
+            need = self.reserve.admission_pages(view, r, hit)
+            if need > kv_left:
+                break
+            n = min(extend, self.chunk_cap(budget))
+            plan.add(r, n)
+            budget -= n
+            kv_left -= need
+            running += 1
+            if n < extend and chunk_last_only:
+                break
+        return budget
+
+    def kv_left(self, view) -> int:
+        """Pages an admission may use: free + evictable, minus the running requests' reservation."""
+        return view.free_pages + view.evictable_pages - self.reserve.running_pages(view)

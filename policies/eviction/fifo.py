@@ -1,0 +1,3 @@
+def key(node):
+    """Oldest inserted first, however often it was used."""
+    return (node.created,)

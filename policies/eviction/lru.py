@@ -1,0 +1,3 @@
+def key(node):
+    """Least recently used first."""
+    return (node.last_access,)

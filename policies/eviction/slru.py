@@ -1,0 +1,7 @@
+PROTECT_AFTER_HITS = 2
+
+
+def key(node):
+    """Segmented LRU: nodes hit at least twice are protected; the probationary segment
+    goes first, each segment in LRU order."""
+    return (node.hits >= PROTECT_AFTER_HITS, node.last_access)

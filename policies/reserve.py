@@ -1,0 +1,55 @@
+"""KV reservation at admission (policy.reserve): how many pages running requests are
+assumed to still need, and what a new admission needs."""
+from __future__ import annotations
+
+from policies.base import pages_for
+
+
+class FullReserve:
+    """Reserve every running request's remaining max tokens: never preempts (mini-SGLang)."""
+    ratio = 1.0
+
+    def observe(self, view) -> None:
+        pass
+
+    def running_pages(self, view) -> int:
+        p = view.page_size
+        if p == 1:
+            return sum(r.max_len - 1 - r.num_pages for r in view.running)
+        return sum(pages_for(r.max_len - 1, p) - r.num_pages for r in view.running)
+
+    def admission_pages(self, view, r, hit: int) -> int:
+        # the last output token is never fed back, so it needs no KV
+        prompt = r.device_len
+        return pages_for(prompt + int(self.ratio * (r.max_len - 1 - prompt)), view.page_size) - hit // view.page_size
+
+
+class EstimateReserve(FullReserve):
+    """Reserve a decaying fraction of remaining output and rely on preemption when the
+    estimate is wrong (SGLang's new_token_ratio idea)."""
+
+    def __init__(self, init: float, minimum: float, decay: float):
+        self.init, self.minimum, self.decay = init, minimum, decay
+        self.ratio = init
+        self._seen_preemptions = 0
+
+    def observe(self, view) -> None:
+        if view.num_preemptions > self._seen_preemptions:
+            self._seen_preemptions = view.num_preemptions
+            self.ratio = self.init
+        else:
+            self.ratio = max(self.minimum, self.ratio - self.decay)
+
+    def running_pages(self, view) -> int:
+        p = view.page_size
+        prompt_left = sum(max(0, r.device_len - r.num_pages * p) for r in view.running)
+        output_left = sum(r.max_len - 1 - r.device_len for r in view.running)
+        return pages_for(prompt_left + int(self.ratio * output_left), p)
+
+
+def make_reserve(cfg):
+    if cfg.reserve == "full":
+        return FullReserve()
+    if cfg.reserve == "estimate":
+        return EstimateReserve(cfg.estimate_init, cfg.estimate_min, cfg.estimate_decay)
+    raise ValueError(f"unknown policy.reserve {cfg.reserve!r}; known: full, estimate")

@@ -1,0 +1,26 @@
+from testbed.core import BatchPlan
+
+from policies.base import Policy
+
+
+class PrefillFirst(Policy):
+    """mini-SGLang's default: a prefill batch whenever something can be admitted (or an
+    admitted prompt is still being chunked), within max_prefill_tokens and the KV left
+    after reserving the running requests; the last admitted may be chunked. Otherwise one
+    decode batch of every running request. Prefill and decode never mix."""
+    name = "prefill_first"
+
+    def plan(self, view) -> BatchPlan:
+        plan = BatchPlan()
+        budget = self.cfg.max_prefill_tokens
+        for r in view.running:  # a prompt chunked in an earlier step goes on first
+            if r.in_prefill and budget > 0:
+                n = min(r.extend_len, self.chunk_cap(budget))
+                plan.add(r, n)
+                budget -= n
+        self.admit(view, plan, budget, self.kv_left(view), chunk_last_only=True)
+        if len(plan):
+            return plan
+        for r in view.running:
+            plan.add(r, 1)
+        return plan

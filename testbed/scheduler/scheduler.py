@@ -1,0 +1,441 @@
+"""The one scheduler core both drivers use.
+
+Per step: `schedule(now)` hands the policy a read-only view, validates the plan it returns
+and applies it (admission with prefix match, eviction, preemption by recompute, page
+allocation, ledger advance); the driver runs the plan on its executor; `complete(plan,
+result, now)` delivers the sampled tokens, finishes requests on EOS or length, and caches
+or frees their KV. A step may still be in flight when the next one is scheduled (overlap):
+the ledger advances at schedule time, KV of a request is released only once no step in
+flight touches it, and a request in flight is never preempted.
+"""
+from __future__ import annotations
+
+import bisect
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from testbed.core import BatchPlan, Request, RequestState, StepResult
+from testbed.kv import PageAllocator, PageTable, check_kv_integrity, make_prefix_cache
+from testbed.scheduler.view import SchedulerView
+
+log = logging.getLogger(__name__)
+
+
+class PlanError(ValueError):
+    """A policy returned a plan the scheduler cannot apply (a bug in the policy)."""
+
+
+@dataclass
+class SchedulerConfig:
+    num_pages: int = 65536
+    page_size: int = 1
+    max_context: int = 131072  # longest sequence (prompt + output) the model takes
+    cache: str = "radix"  # radix | none
+    eviction: str = "lru"
+    check_every_step: bool = False  # run the KV integrity check after every step (tests, debugging)
+
+    def validate(self) -> None:
+        for key in ("num_pages", "page_size", "max_context"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key}={getattr(self, key)!r} is invalid; allowed: an integer >= 1")
+
+
+@dataclass
+class StepStats:
+    """What happened in the scheduler for one step (a row of steps.parquet, with the driver's times)."""
+    step_id: int
+    prefill_reqs: int = 0
+    prefill_tokens: int = 0
+    decode_reqs: int = 0
+    decode_tokens: int = 0
+    evicted_pages: int = 0
+    preempted: int = 0
+    admitted: int = 0
+    deferred: int = 0  # plan items dropped for lack of KV or rows
+
+
+class Scheduler:
+    def __init__(self, cfg: SchedulerConfig, policy, eviction_key=None):
+        cfg.validate()
+        self.cfg = cfg
+        self.policy = policy
+        self.page_size = cfg.page_size
+        self.allocator = PageAllocator(cfg.num_pages, cfg.page_size)
+        self.cache = make_prefix_cache(cfg.cache, cfg.page_size, eviction_key)
+        max_running = policy.cfg.max_running
+        row_len = -(-cfg.max_context // cfg.page_size) * cfg.page_size
+        self.page_table = PageTable(max_running, row_len)
+        self.waiting: list[Request] = []  # sorted by (arrival, rid)
+        self.running: list[Request] = []  # admission order
+        self.done: list[Request] = []  # terminal, in the order they ended
+        self._held: list[Request] = []  # terminal but KV still held by a step in flight
+        self.step_id = 0
+        self.num_preemptions = 0
+        self._admit_seq = 0
+        self.inflight_steps = 0
+        self.stats: StepStats | None = None
+
+    # ---- requests in and out ------------------------------------------------------------
+    def add_request(self, r: Request, now: float) -> None:
+        """Queue a new request, or reject it at once if it can never run."""
+        reason = self._never_fits(r)
+        if reason:
+            r.state = RequestState.REJECTED
+            r.finish_reason = "rejected"
+            r.reject_reason = reason
+            r.finish_time = now
+            self.done.append(r)
+            return
+        r.state = RequestState.WAITING
+        self._enqueue(r)
+
+    def _never_fits(self, r: Request) -> str | None:
+        if r.max_len > self.cfg.max_context:
+            return (f"prompt {r.prompt_len} + max_new_tokens {r.max_new_tokens} tokens exceeds the model "
+                    f"context {self.cfg.max_context}")
+        need = -(-(r.max_len - 1) // self.page_size)
+        if need > self.cfg.num_pages:
+            return f"needs {need} KV pages, the pool has {self.cfg.num_pages}"
+        return None
+
+    def _enqueue(self, r: Request) -> None:
+        if not self.waiting or (self.waiting[-1].arrival, self.waiting[-1].rid) <= (r.arrival, r.rid):
+            self.waiting.append(r)
+        else:
+            keys = [(w.arrival, w.rid) for w in self.waiting]
+            self.waiting.insert(bisect.bisect(keys, (r.arrival, r.rid)), r)
+
+    def abort(self, r: Request, now: float) -> None:
+        """Abort at any time; KV is freed once no step in flight uses it."""
+        if r.is_done:
+            return
+        if r.state in (RequestState.WAITING, RequestState.PREEMPTED):
+            self.waiting.remove(r)
+        elif r.state == RequestState.RUNNING:
+            self.running.remove(r)
+        self._end(r, RequestState.ABORTED, "abort", now)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def num_live(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    # ---- one step ---------------------------------------------------------------------
+    def view(self, now: float) -> SchedulerView:
+        running = tuple(r for r in self.running if r.device_len < r.max_len)
+        return SchedulerView(now, self.step_id, tuple(self.waiting), running, self.page_size,
+                             self.cfg.num_pages, self.allocator.free_pages, self.cache.evictable_pages,
+                             self.num_preemptions, self.cache.peek)
+
+    def schedule(self, now: float) -> BatchPlan | None:
+        """Plan and apply the next step, or None if there is nothing to run now."""
+        view = self.view(now)
+        plan = self.policy.make_plan(view)
+        self.stats = StepStats(self.step_id)
+        self._validate(plan, view)
+        for r in plan.preempt:
+            self._preempt(r, now)
+        self._apply(plan, view, now)
+        if not len(plan):
+            return None
+        plan.step_id = self.step_id
+        self.step_id += 1
+        self.inflight_steps += 1
+        return plan
+
+    def _validate(self, plan: BatchPlan, view: SchedulerView) -> None:
+        if len(plan.num_tokens) != len(plan.reqs):
+            raise PlanError("plan.reqs and plan.num_tokens differ in length")
+        seen = set()
+        running = {id(r) for r in view.running}
+        waiting = {id(r) for r in view.waiting}
+        for r, n in zip(plan.reqs, plan.num_tokens):
+            if id(r) in seen:
+                raise PlanError(f"request {r.rid} appears twice in the plan")
+            seen.add(id(r))
+            if id(r) in running:
+                if not (1 <= n <= r.extend_len):
+                    raise PlanError(f"request {r.rid}: {n} tokens asked, {r.extend_len} can run")
+            elif id(r) in waiting:
+                if not (1 <= n <= r.device_len):
+                    raise PlanError(f"request {r.rid}: {n} tokens asked, prompt has {r.device_len}")
+            else:
+                raise PlanError(f"request {r.rid} ({r.state.name}) is neither waiting nor schedulable")
+        for r in plan.preempt:
+            if id(r) not in running or r.inflight:
+                raise PlanError(f"request {r.rid} cannot be preempted (not running, or in a step in flight)")
+            if id(r) in seen:
+                raise PlanError(f"request {r.rid} is both run and preempted")
+
+    def _apply(self, plan: BatchPlan, view: SchedulerView, now: float) -> None:
+        P = self.page_size
+        stats = self.stats
+        # 1. admissions: match the prefix and lock it before anything is evicted
+        admitted = []
+        for i, r in enumerate(plan.reqs):
+            if r.state != RequestState.RUNNING:
+                if not self.page_table.num_free_rows:
+                    break
+                self._admit(r, now)
+                admitted.append(r)
+                plan.num_tokens[i] = min(plan.num_tokens[i], r.extend_len)
+        if len(admitted) < sum(1 for r in plan.reqs if r.state != RequestState.RUNNING):
+            self._drop(plan, lambda r: r.state != RequestState.RUNNING)
+        # 2. pages needed; make room: drop new admissions from the end, then preempt
+        needs = self._page_needs(plan)
+        short = int(needs.sum()) - self.allocator.free_pages - self.cache.evictable_pages
+        while short > 0 and admitted:
+            r = admitted.pop()
+            self._unadmit(r)
+            self._drop(plan, lambda x: x is r)
+            needs = self._page_needs(plan)
+            short = int(needs.sum()) - self.allocator.free_pages - self.cache.evictable_pages
+        while short > 0:
+            candidates = [r for r in self.running if not r.inflight and r not in admitted]
+            if not candidates:
+                break
+            victim = self.policy.choose_victim(view, candidates)
+            self._drop(plan, lambda x: x is victim)
+            self._preempt(victim, now)
+            needs = self._page_needs(plan)
+            short = int(needs.sum()) - self.allocator.free_pages - self.cache.evictable_pages
+        while short > 0 and len(plan):  # what is left is in flight: run fewer this step
+            self._drop(plan, lambda x, last=plan.reqs[-1]: x is last)
+            needs = self._page_needs(plan)
+            short = int(needs.sum()) - self.allocator.free_pages - self.cache.evictable_pages
+        # 3. evict, allocate, map
+        total = int(needs.sum())
+        if total > self.allocator.free_pages:
+            freed = self.cache.evict(total - self.allocator.free_pages)
+            self.allocator.free(freed)
+            stats.evicted_pages += len(freed)
+        if total:
+            pages = self.allocator.alloc(total)
+            start = 0
+            for r, k in zip(plan.reqs, needs.tolist()):
+                if k:
+                    self.page_table.write(r.slot, r.num_pages * P, self.allocator.slots_of(pages[start:start + k]))
+                    r.num_pages += k
+                    start += k
+        # 4. advance the ledger
+        n_items = len(plan)
+        cached = np.empty(n_items, np.int64)
+        samples = np.empty(n_items, bool)
+        for i, (r, n) in enumerate(zip(plan.reqs, plan.num_tokens)):
+            c = r.cached_len
+            cached[i] = c
+            decode = n == 1 and c == r.device_len - 1 and r.device_len > r.prompt_len
+            if decode:
+                stats.decode_reqs += 1
+                stats.decode_tokens += 1
+            else:
+                stats.prefill_reqs += 1
+                stats.prefill_tokens += n
+                r.chunk_times.append((now, n))
+                if r.first_scheduled is None:
+                    r.first_scheduled = now
+            r.cached_len = c + n
+            s = r.cached_len == r.device_len
+            samples[i] = s
+            if s:
+                r.device_len += 1
+                r.pending_tokens += 1
+            r.inflight += 1
+        plan.cached_lens, plan.samples = cached, samples
+        stats.admitted = len(admitted)
+
+    def _page_needs(self, plan: BatchPlan) -> np.ndarray:
+        P = self.page_size
+        if P == 1:
+            return np.fromiter((max(0, r.cached_len + n - r.num_pages) for r, n in zip(plan.reqs, plan.num_tokens)),
+                               np.int64, len(plan))
+        return np.fromiter((max(0, -(-(r.cached_len + n) // P) - r.num_pages) for r, n in zip(plan.reqs, plan.num_tokens)),
+                           np.int64, len(plan))
+
+    def _drop(self, plan: BatchPlan, which) -> None:
+        keep = [i for i, r in enumerate(plan.reqs) if not which(r)]
+        self.stats.deferred += len(plan) - len(keep)
+        plan.reqs = [plan.reqs[i] for i in keep]
+        plan.num_tokens = [plan.num_tokens[i] for i in keep]
+
+    # ---- admission, preemption, release -------------------------------------------------
+    def _admit(self, r: Request, now: float) -> None:
+        r.slot = self.page_table.acquire()
+        ids = None
+        if r.prompt_ids is not None and self.cache.shares:
+            ids = r.prompt_ids if r.device_len == r.prompt_len else r.token_ids(r.device_len)
+        if ids is not None:
+            ids = ids[: r.device_len - 1]  # the last known token is always computed
+        node, hit, pages = self.cache.match(ids, r.priority)
+        if hit:
+            self.cache.lock(node)
+            r.cache_node = node
+            self.page_table.write(r.slot, 0, self.allocator.slots_of(pages))
+        r.cached_len = r.cache_owned_len = hit
+        r.num_pages = hit // self.page_size
+        if r.num_preemptions == 0:
+            r.prefix_hit_tokens = hit
+        else:
+            r.recomputed_tokens += r.device_len - hit
+        r.state = RequestState.RUNNING
+        r.admit_seq = self._admit_seq
+        self._admit_seq += 1
+        self.waiting.remove(r)
+        self.running.append(r)
+
+    def _unadmit(self, r: Request) -> None:
+        """Undo an admission made in this step (nothing was computed)."""
+        if r.num_preemptions == 0:
+            r.prefix_hit_tokens = 0
+        else:
+            r.recomputed_tokens -= r.device_len - r.cached_len
+        self._unlock(r)
+        self.page_table.release(r.slot)
+        r.slot, r.cached_len, r.num_pages, r.cache_owned_len = -1, 0, 0, 0
+        r.state = RequestState.PREEMPTED if r.num_preemptions else RequestState.WAITING
+        self.running.remove(r)
+        self._enqueue(r)
+
+    def _preempt(self, r: Request, now: float) -> None:
+        """Preempt by recompute: cache or free the KV, put the request back in the queue."""
+        self.running.remove(r)
+        self._release_kv(r)
+        r.cached_len = 0
+        r.state = RequestState.PREEMPTED
+        r.num_preemptions += 1
+        r.preempt_times.append(now)
+        self.num_preemptions += 1
+        self.stats.preempted += 1
+        self._enqueue(r)
+
+    def _unlock(self, r: Request) -> None:
+        if r.cache_node is not None:
+            self.cache.unlock(r.cache_node)
+            r.cache_node = None
+
+    def _own_pages(self, r: Request) -> np.ndarray:
+        P = self.page_size
+        return self.page_table.read(r.slot, r.cache_owned_len, r.num_pages * P)[::P] // P
+
+    def _release_kv(self, r: Request) -> None:
+        """Give the request's computed prefix to the prefix cache and free the rest."""
+        P = self.page_size
+        row = self.page_table
+        free = []
+        kv_len = min(r.cached_len, r.prompt_len + len(r.output_ids))  # tokens whose ids and KV exist
+        aligned = kv_len // P * P
+        if r.prompt_ids is not None and self.cache.shares and aligned > r.cache_owned_len:
+            pages = row.read(r.slot, 0, aligned)[::P] // P
+            held = self.cache.insert(r.token_ids(aligned), pages, r.priority)
+            if held > r.cache_owned_len:  # our copies of what the tree already had
+                free.append(row.read(r.slot, r.cache_owned_len, held)[::P] // P)
+            free.append(row.read(r.slot, aligned, r.num_pages * P)[::P] // P)
+        else:
+            free.append(self._own_pages(r))
+        for pages in free:
+            self.allocator.free(pages)
+        self._unlock(r)
+        row.release(r.slot)
+        r.slot, r.num_pages, r.cache_owned_len = -1, 0, 0
+
+    def _cache_prefill(self, r: Request) -> None:
+        """After a prefill completes, share its prompt: insert it, drop our duplicate pages,
+        point the page table at the tree's pages and move the lock to the new node."""
+        P = self.page_size
+        kv_len = min(r.cached_len, r.prompt_len + len(r.output_ids))
+        aligned = kv_len // P * P
+        if r.prompt_ids is None or not self.cache.shares or aligned <= r.cache_owned_len:
+            return
+        ids = r.token_ids(aligned)
+        pages = self.page_table.read(r.slot, 0, aligned)[::P] // P
+        held = self.cache.insert(ids, pages, r.priority)
+        if held > r.cache_owned_len:
+            self.allocator.free(self.page_table.read(r.slot, r.cache_owned_len, held)[::P] // P)
+        node, got, tree_pages = self.cache.match(ids, r.priority, count_hit=False)
+        assert got == aligned, (got, aligned)
+        self.page_table.write(r.slot, 0, self.allocator.slots_of(tree_pages))
+        self.cache.lock(node)
+        self._unlock(r)
+        r.cache_node = node
+        r.cache_owned_len = aligned
+
+    # ---- after a step -------------------------------------------------------------------
+    def complete(self, plan: BatchPlan, result: StepResult, now: float) -> list[Request]:
+        """Apply a finished step's result; returns the requests that ended in it."""
+        self.inflight_steps -= 1
+        tokens = result.tokens
+        n_samples = int(plan.samples.sum())
+        if tokens is None or len(tokens) != n_samples:
+            raise ValueError(f"step {plan.step_id}: expected {n_samples} tokens, got "
+                             f"{None if tokens is None else len(tokens)}")
+        ended = []
+        k = 0
+        for r, n, s in zip(plan.reqs, plan.num_tokens, plan.samples.tolist()):
+            r.inflight -= 1
+            if s:
+                tok = int(tokens[k])
+                k += 1
+                r.pending_tokens -= 1
+                if r.is_done:  # ended (abort, EOS) while this step was in flight: drop the token
+                    r.device_len -= 1
+                else:
+                    r.output_ids.append(tok)
+                    r.token_times.append(now)
+                    if r.first_token is None:
+                        r.first_token = now
+                    if len(r.output_ids) >= r.max_new_tokens:
+                        self.running.remove(r)
+                        self._end(r, RequestState.FINISHED, "length", now)
+                        ended.append(r)
+                    elif not r.ignore_eos and tok in r.eos_token_ids:
+                        self.running.remove(r)
+                        self._end(r, RequestState.FINISHED, "eos", now)
+                        ended.append(r)
+                    elif n > 1:
+                        self._cache_prefill(r)
+            if r.is_done and r.slot >= 0 and not r.inflight:
+                self._release_kv(r)
+        if self._held:
+            self._held = [r for r in self._held if r.slot >= 0]
+        if self.cfg.check_every_step:
+            self.check_integrity()
+        return ended
+
+    def _end(self, r: Request, state: RequestState, reason: str, now: float) -> None:
+        r.state = state
+        r.finish_reason = reason
+        r.finish_time = now
+        if state == RequestState.ABORTED:
+            r.aborted = True
+        self.done.append(r)
+        if r.slot >= 0:
+            if r.inflight:
+                self._held.append(r)
+            else:
+                self._release_kv(r)
+
+    # ---- checks -----------------------------------------------------------------------
+    def live_requests(self) -> list[Request]:
+        return self.running + self._held
+
+    def check_integrity(self) -> dict:
+        """free + cached + in use == total, no page in two places, no running request's
+        shared prefix lost, and every live request's lengths in range."""
+        P = self.page_size
+        owned, shared = [], []
+        for r in self.live_requests():
+            if not (0 <= r.cache_owned_len <= r.cached_len <= r.device_len <= r.max_len):
+                raise AssertionError(f"request {r.rid}: lengths out of order: owned {r.cache_owned_len} "
+                                     f"cached {r.cached_len} device {r.device_len} max {r.max_len}")
+            if r.num_pages * P < r.cached_len:
+                raise AssertionError(f"request {r.rid}: {r.cached_len} cached tokens on {r.num_pages} pages")
+            owned.append(self._own_pages(r))
+            shared.append(self.page_table.read(r.slot, 0, r.cache_owned_len)[::P] // P)
+        for r in self.waiting:
+            if r.slot != -1 or r.cached_len != 0:
+                raise AssertionError(f"waiting request {r.rid} holds KV")
+        return check_kv_integrity(self.allocator, self.cache, owned, shared)

@@ -1,0 +1,49 @@
+"""A minimal synchronous driver for scheduler tests: no simulator, no engine."""
+from __future__ import annotations
+
+import numpy as np
+
+from policies import PolicyConfig, eviction_key, make_policy
+from testbed.core import Request, StepResult
+from testbed.scheduler import Scheduler, SchedulerConfig
+
+
+def make_scheduler(policy="chunked", num_pages=4096, page_size=1, cache="radix", eviction="lru",
+                   max_context=100_000, check=True, **policy_kw) -> Scheduler:
+    pol = make_policy(PolicyConfig(name=policy, **policy_kw))
+    cfg = SchedulerConfig(num_pages=num_pages, page_size=page_size, max_context=max_context, cache=cache,
+                          eviction=eviction, check_every_step=check)
+    return Scheduler(cfg, pol, eviction_key(eviction))
+
+
+def req(rid, prompt, out, arrival=0.0, ids=None, **kw) -> Request:
+    if ids is None:
+        ids = np.arange(prompt, dtype=np.int32) + 1000 * (rid + 1)
+    return Request(rid=rid, prompt_len=len(ids), max_new_tokens=out, arrival=arrival, prompt_ids=ids, **kw)
+
+
+def synthetic_tokens(plan) -> np.ndarray:
+    return np.array([r.rid * 7 + r.device_len for r, s in zip(plan.reqs, plan.samples) if s], dtype=np.int64)
+
+
+def step(s: Scheduler, now: float = 0.0, tokens=None):
+    plan = s.schedule(now)
+    if plan is None:
+        return None, []
+    toks = synthetic_tokens(plan) if tokens is None else tokens(plan)
+    ended = s.complete(plan, StepResult(duration=0.01, tokens=toks), now + 0.01)
+    return plan, ended
+
+
+def run_all(s: Scheduler, reqs, max_steps=100_000):
+    for r in reqs:
+        s.add_request(r, 0.0)
+    plans = []
+    t = 0.0
+    while s.has_work() and len(plans) < max_steps:
+        plan, _ = step(s, t)
+        t += 0.01
+        if plan is None:
+            raise AssertionError("scheduler stalled with work left")
+        plans.append([(r.rid, n) for r, n in zip(plan.reqs, plan.num_tokens)])
+    return plans
