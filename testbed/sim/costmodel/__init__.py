@@ -1,0 +1,39 @@
+"""Step-time cost models for the simulator (no torch).
+
+Public API::
+
+    from testbed.sim.costmodel import make_cost_model, load_hardware
+    cm = make_cost_model("roofline", spec, "h200", {"tp": 1})
+    cm.step_time(extend_lens, cached_lens)   # seconds
+    cm.breakdown(extend_lens, cached_lens)   # seconds per term
+
+A new model is a new module here registering itself with ``@register_cost_model``;
+``make_cost_model`` imports ``testbed.sim.costmodel.<name>`` on first use of the name.
+"""
+
+from testbed.sim.costmodel.base import (
+    CostModel,
+    as_batch,
+    available_cost_models,
+    build_config,
+    make_cost_model,
+    register_cost_model,
+)
+from testbed.sim.costmodel.hardware import HardwareSpec, available_hardware, load_hardware
+from testbed.sim.costmodel.roofline import TERMS, RooflineConfig, RooflineCostModel, allowed_tp
+
+__all__ = [
+    "CostModel",
+    "HardwareSpec",
+    "RooflineConfig",
+    "RooflineCostModel",
+    "TERMS",
+    "allowed_tp",
+    "as_batch",
+    "available_cost_models",
+    "available_hardware",
+    "build_config",
+    "load_hardware",
+    "make_cost_model",
+    "register_cost_model",
+]
