@@ -76,6 +76,7 @@ class Scheduler:
         self._admit_seq = 0
         self.inflight_steps = 0
         self.stats: StepStats | None = None
+        self._stats: dict[int, StepStats] = {}  # steps in flight
 
     # ---- requests in and out ------------------------------------------------------------
     def add_request(self, r: Request, now: float) -> None:
@@ -143,6 +144,7 @@ class Scheduler:
         if not len(plan):
             return None
         plan.step_id = self.step_id
+        self._stats[plan.step_id] = self.stats
         self.step_id += 1
         self.inflight_steps += 1
         return plan
@@ -364,9 +366,14 @@ class Scheduler:
         r.cache_owned_len = aligned
 
     # ---- after a step -------------------------------------------------------------------
+    def stats_of(self, plan: BatchPlan) -> StepStats:
+        """The scheduler's figures for a step, until the step after it completes."""
+        return self._stats[plan.step_id]
+
     def complete(self, plan: BatchPlan, result: StepResult, now: float) -> list[Request]:
         """Apply a finished step's result; returns the requests that ended in it."""
         self.inflight_steps -= 1
+        self._stats.pop(plan.step_id - 1, None)
         tokens = result.tokens
         n_samples = int(plan.samples.sum())
         if tokens is None or len(tokens) != n_samples:

@@ -1,0 +1,55 @@
+"""Build a run's parts from the resolved config: model shape, requests, scheduler.
+Shared by both backends, so a simulated and a real run of one config see the same
+requests and the same scheduler."""
+from __future__ import annotations
+
+import dataclasses
+
+from policies import eviction_key, make_policy
+from testbed.core import Request, SamplingParams
+from testbed.modelspec import ModelSpec, model_spec_from_cfg
+from testbed.scheduler import Scheduler, SchedulerConfig
+from testbed.traces import Trace, load_trace
+
+
+def model_spec(cfg) -> ModelSpec:
+    return model_spec_from_cfg(cfg.model)
+
+
+def trace_for(cfg, spec: ModelSpec) -> Trace:
+    """Load the trace with the model's context and vocabulary (ids stay valid for the engine)."""
+    tcfg = dataclasses.replace(cfg.trace, max_context=spec.max_context, vocab_size=spec.vocab_size)
+    return load_trace(tcfg)
+
+
+def requests_from(trace: Trace, spec: ModelSpec, engine_cfg) -> list[Request]:
+    eos = tuple(spec.eos_token_ids)
+    out = []
+    for t in trace.requests:
+        sampling = SamplingParams(engine_cfg.temperature, engine_cfg.top_k, engine_cfg.top_p, seed=t.rid)
+        out.append(Request(rid=t.rid, prompt_len=len(t.prompt_ids), max_new_tokens=t.output_len,
+                           arrival=t.arrival_s, prompt_ids=t.prompt_ids, ignore_eos=engine_cfg.ignore_eos,
+                           eos_token_ids=eos, priority=t.priority, sampling=sampling))
+    return out
+
+
+def sim_kv_pages(cfg, spec: ModelSpec, hardware) -> int:
+    """KV pages a deployment would have: memory left after weights, per TP rank."""
+    e = cfg.engine
+    if e.num_pages is not None:
+        return e.num_pages
+    tp = e.tp
+    kv_heads_per_rank = max(1, spec.num_kv_heads // tp)
+    per_token = 2 * spec.num_layers * kv_heads_per_rank * spec.head_dim * spec.dtype_bytes
+    free = hardware.mem_bytes * e.mem_fraction - spec.weight_bytes() / tp
+    if free <= 0:
+        raise ValueError(f"model {spec.name} ({spec.weight_bytes() / 1e9:.1f} GB of weights over tp={tp}) does "
+                         f"not fit {hardware.name} ({hardware.mem_bytes / 1e9:.0f} GB x mem_fraction {e.mem_fraction})")
+    return int(free // (per_token * e.page_size))
+
+
+def make_scheduler(cfg, spec: ModelSpec, num_pages: int) -> Scheduler:
+    policy = make_policy(cfg.policy)
+    scfg = SchedulerConfig(num_pages=num_pages, page_size=cfg.engine.page_size, max_context=spec.max_context,
+                           cache=cfg.cache.name, eviction=cfg.eviction.name, check_every_step=cfg.check_every_step)
+    return Scheduler(scfg, policy, eviction_key(cfg.eviction.name))

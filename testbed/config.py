@@ -1,0 +1,93 @@
+"""Structured configs (the Hydra schema) and their checks. A bad value fails at start
+with one line naming the key, the value and what is allowed."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from policies import PolicyConfig
+from testbed.traces import TraceConfig
+
+BACKENDS = ("sim", "engine")
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass
+class BackendConfig:
+    name: str = "sim"
+
+
+@dataclass
+class NamedConfig:
+    name: str = ""
+
+
+@dataclass
+class EngineConfig:
+    """The deployment both backends describe: the simulator sizes its KV pool and cost
+    model from it exactly as the engine does."""
+    tp: int = 1
+    page_size: int = 1
+    mem_fraction: float = 0.9  # of device memory for weights + KV pool
+    num_pages: Optional[int] = None  # fixed KV pool size; None: from memory
+    device: str = "cuda"  # cuda | cpu (the engine's torch reference path)
+    attention: str = "flashinfer"  # flashinfer | torch
+    dtype: str = "bfloat16"
+    overlap: bool = True
+    cuda_graph_max_bs: int = 256  # 0 disables CUDA graphs
+    ignore_eos: bool = True
+    temperature: float = 0.0
+    top_k: int = -1
+    top_p: float = 1.0
+    debug_plan_hash: bool = False  # TP: compare a hash of every plan across ranks
+
+
+@dataclass
+class SLOConfig:
+    ttft_ms: Optional[float] = None
+    tpot_ms: Optional[float] = None
+
+
+@dataclass
+class Config:
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    eviction: NamedConfig = field(default_factory=lambda: NamedConfig("lru"))
+    cache: NamedConfig = field(default_factory=lambda: NamedConfig("radix"))
+    trace: TraceConfig = field(default_factory=TraceConfig)
+    model: Any = None  # conf/model/*.yaml, checked by testbed.modelspec
+    hardware: Any = None  # conf/hardware/*.yaml, checked by load_hardware
+    costmodel: Any = None  # conf/costmodel/*.yaml, checked by make_cost_model
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    slo: SLOConfig = field(default_factory=SLOConfig)
+    seed: int = 0
+    progress: bool = True
+    check_every_step: bool = False  # KV integrity check after every step (slow; debugging)
+
+
+def register_schema() -> None:
+    from hydra.core.config_store import ConfigStore
+    ConfigStore.instance().store(name="config_schema", node=Config)
+
+
+def check(cfg: Config) -> None:
+    def bad(key, value, allowed):
+        raise ConfigError(f"{key}={value!r} is invalid; allowed: {allowed}")
+    if cfg.backend.name not in BACKENDS:
+        bad("backend", cfg.backend.name, ", ".join(BACKENDS))
+    e = cfg.engine
+    if e.tp < 1:
+        bad("engine.tp", e.tp, "an integer >= 1")
+    if e.page_size < 1:
+        bad("engine.page_size", e.page_size, "an integer >= 1")
+    if not (0.0 < e.mem_fraction <= 1.0):
+        bad("engine.mem_fraction", e.mem_fraction, "a number in (0, 1]")
+    if e.num_pages is not None and e.num_pages < 1:
+        bad("engine.num_pages", e.num_pages, "null (size from memory) or an integer >= 1")
+    try:
+        cfg.policy.validate()
+    except ValueError as err:
+        raise ConfigError(str(err)) from None

@@ -1,0 +1,21 @@
+"""What both drivers record after each step (one steps.parquet row), from the scheduler's
+state and the plan, so the simulator and the engine fill the schema the same way."""
+from __future__ import annotations
+
+from testbed.core import BatchPlan
+from testbed.timeline import StepLog
+
+
+def record_step(log: StepLog, sched, plan: BatchPlan, start: float, end: float, predicted: float) -> None:
+    st = sched.stats_of(plan)
+    free = sched.allocator.free_pages
+    cached = sched.cache.cached_pages
+    log.append(
+        step=plan.step_id, start_s=start, end_s=end, duration_s=end - start, predicted_s=predicted,
+        batch_reqs=len(plan), prefill_reqs=st.prefill_reqs, prefill_tokens=st.prefill_tokens,
+        decode_reqs=st.decode_reqs, decode_tokens=st.decode_tokens,
+        context_tokens=int(plan.cached_lens.sum()) + plan.total_tokens,
+        running=len(sched.running), waiting=len(sched.waiting),
+        pages_used=sched.cfg.num_pages - free - cached, pages_cached=cached, pages_free=free,
+        evicted_pages=st.evicted_pages, preempted=st.preempted, admitted=st.admitted,
+    )

@@ -1,0 +1,119 @@
+"""Entry point: `python -m testbed.run policy=chunked trace=sharegpt` (Hydra overrides).
+
+Replays a trace through the scheduler on the chosen backend and writes requests.parquet,
+steps.parquet and summary.json into Hydra's output directory."""
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from pathlib import Path
+
+import hydra
+from omegaconf import OmegaConf
+
+from testbed.config import Config, ConfigError, check, register_schema
+
+log = logging.getLogger("testbed.run")
+CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+
+register_schema()
+
+
+def run(cfg: Config, out_dir: str) -> dict:
+    """Run one configuration; returns the summary. Ctrl-C writes what is done, marked incomplete."""
+    from testbed import assemble
+    from testbed.progress import Progress
+    from testbed.timeline import write_run
+
+    check(cfg)
+    spec = assemble.model_spec(cfg)
+    trace = assemble.trace_for(cfg, spec)
+    requests = assemble.requests_from(trace, spec, cfg.engine)
+    for note in trace.notes:
+        log.info("trace: %s", note)
+    if cfg.backend.name == "sim":
+        from testbed.sim.build import build_sim
+        driver, sched, info = build_sim(cfg, spec, requests)
+        keep_ids = False
+    else:
+        from testbed.engine.build import build_engine  # imports torch
+        driver, sched, info = build_engine(cfg, spec, requests)
+        keep_ids = True
+    progress = Progress(len(requests), cfg.progress, label=cfg.backend.name)
+    driver.progress = progress
+    t0 = time.perf_counter()
+    complete, error = True, None
+    try:
+        driver.run()
+    except KeyboardInterrupt:
+        complete, error = False, "interrupted (Ctrl-C)"
+    except Exception as e:  # keep what is done, then report
+        complete, error = False, f"{type(e).__name__}: {e}"
+    finally:
+        progress.close()
+        if hasattr(driver, "close"):
+            driver.close()
+    wall = time.perf_counter() - t0
+    integrity = None
+    if complete:
+        integrity = sched.check_integrity()
+        if integrity["in_use"]:
+            raise AssertionError(f"KV leak after the run: {integrity}")
+    arrived = [r for r in requests if r.state.name != "WAITING" or r in sched.waiting]
+    extra = {
+        "complete": complete, "error": error, "backend": cfg.backend.name,
+        "trace": {"name": trace.name, "notes": trace.notes, "over_context": trace.over_context,
+                  "num_requests": len(requests)},
+        "kv": {**info, "integrity": integrity},
+        "wall_time_s": wall, "steps_per_wall_s": len(driver.steps) / wall if wall else None,
+    }
+    summary = write_run(out_dir, arrived, driver.steps, OmegaConf.to_container(OmegaConf.structured(cfg)),
+                        extra, keep_ids, cfg.slo.ttft_ms, cfg.slo.tpot_ms)
+    print_summary(summary, out_dir)
+    if error and "interrupted" not in error:
+        raise RuntimeError(f"run stopped early ({error}); the finished requests are in {out_dir}")
+    return summary
+
+
+def print_summary(summary: dict, out_dir: str) -> None:
+    m = summary["metrics"]
+
+    def f(x, fmt="{:,.1f}"):
+        return "-" if x is None else fmt.format(x)
+    rows = [
+        ("requests", f"{m['completed']} finished, {m['rejected']} rejected, {m['aborted']} aborted, "
+                     f"{m['unfinished']} unfinished"),
+        ("duration", f(m["duration_s"], "{:,.2f} s") + (" (simulated)" if summary["backend"] == "sim" else "")),
+        ("throughput", f"{f(m['request_throughput'], '{:.2f}')} req/s, "
+                       f"{f(m['output_throughput'])} output tok/s, {f(m['total_token_throughput'])} tok/s"),
+        ("TTFT ms", f"mean {f(m['mean_ttft_ms'])}  median {f(m['median_ttft_ms'])}  p99 {f(m['p99_ttft_ms'])}"),
+        ("TPOT ms", f"mean {f(m['mean_tpot_ms'])}  median {f(m['median_tpot_ms'])}  p99 {f(m['p99_tpot_ms'])}"),
+        ("ITL ms", f"mean {f(m['mean_itl_ms'])}  p99 {f(m['p99_itl_ms'])}"),
+        ("E2E ms", f"mean {f(m['mean_e2e_latency_ms'])}  p99 {f(m['p99_e2e_latency_ms'])}"),
+        ("prefix hits", f"{m['prefix_cache_hit_rate']:.1%} of prompt tokens; {m['preemptions']} preemptions"),
+        ("wall time", f"{summary['wall_time_s']:.2f} s, {f(summary['steps_per_wall_s'], '{:,.0f}')} steps/s"),
+    ]
+    if "goodput" in m:
+        rows.append(("goodput", f"{m['goodput']:.2f} req/s within SLO ({m['slo_attainment']:.1%} attained)"))
+    if not summary["complete"]:
+        rows.insert(0, ("INCOMPLETE", summary["error"]))
+    width = max(len(k) for k, _ in rows)
+    print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
+    print(f"{'written':<{width}}  {out_dir}/{{requests.parquet, steps.parquet, summary.json}}")
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
+def main(dcfg) -> None:
+    from hydra.core.hydra_config import HydraConfig
+    out_dir = HydraConfig.get().runtime.output_dir
+    cfg: Config = OmegaConf.to_object(dcfg)
+    try:
+        run(cfg, out_dir)
+    except (ConfigError, ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""The one output schema both drivers write: a row per request, a row per step."""
+from __future__ import annotations
+
+import pyarrow as pa
+
+REQUESTS_SCHEMA = pa.schema([
+    ("rid", pa.int64()),
+    ("state", pa.string()),  # FINISHED / ABORTED / REJECTED / (WAITING, RUNNING, PREEMPTED if cut short)
+    ("finish_reason", pa.string()),  # length / eos / abort / rejected
+    ("reject_reason", pa.string()),
+    ("priority", pa.int64()),
+    ("arrival_s", pa.float64()),
+    ("first_scheduled_s", pa.float64()),
+    ("first_token_s", pa.float64()),
+    ("finish_s", pa.float64()),
+    ("prompt_tokens", pa.int64()),
+    ("output_tokens", pa.int64()),
+    ("max_new_tokens", pa.int64()),
+    ("prefix_cached_tokens", pa.int64()),  # found in the prefix cache at first admission
+    ("recomputed_tokens", pa.int64()),  # prefilled again after preemptions
+    ("prefill_chunks", pa.int64()),
+    ("preemptions", pa.int64()),
+    ("queue_s", pa.float64()),  # arrival -> first scheduled
+    ("ttft_s", pa.float64()),
+    ("tpot_s", pa.float64()),  # (e2e - ttft) / (output_tokens - 1)
+    ("e2e_s", pa.float64()),
+    ("token_times_s", pa.list_(pa.float64())),  # one per output token
+    ("output_ids", pa.list_(pa.int64())),  # engine: the generated ids; simulator: null
+])
+
+STEPS_SCHEMA = pa.schema([
+    ("step", pa.int64()),
+    ("start_s", pa.float64()),
+    ("end_s", pa.float64()),
+    ("duration_s", pa.float64()),  # measured (engine) or cost model (simulator)
+    ("predicted_s", pa.float64()),  # cost model's prediction (engine); = duration in the simulator
+    ("batch_reqs", pa.int64()),
+    ("prefill_reqs", pa.int64()),
+    ("prefill_tokens", pa.int64()),
+    ("decode_reqs", pa.int64()),
+    ("decode_tokens", pa.int64()),
+    ("context_tokens", pa.int64()),  # KV tokens the step's attention reads
+    ("running", pa.int64()),
+    ("waiting", pa.int64()),
+    ("pages_used", pa.int64()),  # held by requests (own + shared prefix)
+    ("pages_cached", pa.int64()),  # held by the prefix cache
+    ("pages_free", pa.int64()),
+    ("evicted_pages", pa.int64()),
+    ("preempted", pa.int64()),
+    ("admitted", pa.int64()),
+])

@@ -1,0 +1,85 @@
+"""Collect a run's steps and requests and write requests.parquet, steps.parquet and
+summary.json (each written to a temporary name, then renamed: a file is whole or absent)."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from testbed.timeline.metrics import summarize
+from testbed.timeline.records import request_row
+from testbed.timeline.schema import REQUESTS_SCHEMA, STEPS_SCHEMA
+
+STEP_COLUMNS = [f.name for f in STEPS_SCHEMA]
+
+
+class StepLog:
+    """Columnar, append-only: one list per column, so a step costs one append each."""
+
+    def __init__(self):
+        self.cols = {c: [] for c in STEP_COLUMNS}
+
+    def append(self, **row) -> None:
+        for c in STEP_COLUMNS:
+            self.cols[c].append(row[c])
+
+    def __len__(self) -> int:
+        return len(self.cols["step"])
+
+    def table(self) -> pa.Table:
+        return pa.table(self.cols, schema=STEPS_SCHEMA)
+
+
+def requests_table(reqs, keep_output_ids: bool) -> pa.Table:
+    rows = [request_row(r, keep_output_ids) for r in sorted(reqs, key=lambda r: r.rid)]
+    return pa.Table.from_pylist(rows, schema=REQUESTS_SCHEMA)
+
+
+def _write_parquet(table: pa.Table, path: Path) -> None:
+    tmp = path.with_suffix(".parquet.tmp")
+    pq.write_table(table, tmp, compression="zstd")
+    os.replace(tmp, path)
+
+
+def git_revision() -> str | None:
+    root = Path(__file__).resolve().parents[2]
+    try:
+        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=5).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return (rev + ("-dirty" if dirty else "")) or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def versions() -> dict:
+    out = {"python": platform.python_version()}
+    for mod in ("numpy", "pandas", "pyarrow", "simpy", "hydra", "torch", "transformers", "flashinfer"):
+        m = sys.modules.get(mod)
+        if m is not None:
+            out[mod] = getattr(m, "__version__", "?")
+    return out
+
+
+def write_run(out_dir: str | os.PathLike, reqs, steps: StepLog, config: dict, extra: dict,
+              keep_output_ids: bool, slo_ttft_ms=None, slo_tpot_ms=None) -> dict:
+    """Write the three files; returns the summary dict."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rt = requests_table(reqs, keep_output_ids)
+    st = steps.table()
+    _write_parquet(rt, out / "requests.parquet")
+    _write_parquet(st, out / "steps.parquet")
+    metrics = summarize(rt.to_pandas(), st.to_pandas(), slo_ttft_ms, slo_tpot_ms)
+    summary = {"metrics": metrics, **extra, "config": config, "versions": versions(), "git_revision": git_revision()}
+    tmp = out / "summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=2, default=str))
+    os.replace(tmp, out / "summary.json")
+    return summary
