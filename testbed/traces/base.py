@@ -1,0 +1,74 @@
+"""Record types every trace loader returns, the one error type, and row labels for errors."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+# <repo>/traces: the bundled data files (testbed/traces/../../traces).
+TRACE_DIR = Path(__file__).resolve().parent.parent.parent / "traces"
+
+
+class TraceError(ValueError):
+    """Any problem with a trace file or the trace config; the message is one line."""
+
+
+@dataclass(slots=True)
+class TraceRequest:
+    rid: int  # 0..n-1 in arrival order after all processing
+    arrival_s: float  # seconds from trace start, non-decreasing across the list
+    prompt_ids: np.ndarray  # int32 token ids, len == prompt_len (always present)
+    output_len: int  # tokens to generate (>= 1)
+    priority: int = 0
+
+    @property
+    def prompt_len(self) -> int:
+        return int(len(self.prompt_ids))
+
+
+@dataclass
+class Trace:
+    name: str
+    requests: list[TraceRequest]
+    # {"rule": "reject"|"truncate", "count": int, "rids": [...], "max_context": int|None}
+    over_context: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # facts worth logging
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def __iter__(self):
+        return iter(self.requests)
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where rows come from, so an error can name the file and the row as a user counts it.
+
+    kind: "csv" (data row r is file line r + 1, the header is line 1), "jsonl" (the file
+    line is kept per row, blank lines skipped), "parquet" (row r, 1-based), or "synthetic".
+    """
+
+    path: str
+    kind: str
+    lines: tuple[int, ...] | None = None  # jsonl: file line of each data row
+
+    def row(self, i: int) -> str:
+        """Label of the 0-based data row i."""
+        if self.kind == "csv":
+            return f"data row {i + 1} (line {i + 2} counting the header)"
+        if self.kind == "jsonl":
+            line = self.lines[i] if self.lines is not None else i + 1
+            return f"line {line}"
+        if self.kind == "parquet":
+            return f"row {i + 1} (1-based)"
+        return f"request {i}"
+
+    def error(self, i: int | None, column: str | None, what: str) -> TraceError:
+        parts = [self.path]
+        if i is not None:
+            parts.append(self.row(i))
+        if column is not None:
+            parts.append(f"column '{column}'")
+        return TraceError(": ".join([", ".join(parts), what]))

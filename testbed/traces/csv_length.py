@@ -1,0 +1,37 @@
+"""Length-only CSV traces (sharegpt, arxiv, bwb): prompt and output token counts per row,
+no arrival times (synthesized), no prefix information (independent random ids)."""
+from __future__ import annotations
+
+from .assemble import Rows, assemble
+from .base import Trace
+from .columns import find_file, int_column, read_csv, require
+from .config import TraceConfig
+from .token_ids import unique_ids
+
+FILES = {
+    "sharegpt": "sharegpt_8k.csv",
+    "arxiv": "arxiv_summarization.csv",
+    "bwb": "bwb.csv",
+}
+PROMPT, OUTPUT = "num_prefill_tokens", "num_decode_tokens"
+
+
+def load(k: TraceConfig) -> Trace:
+    path = find_file(k.path, FILES[k.name], k.name)
+    df, src = read_csv(path)
+    require(df, src, [PROMPT, OUTPUT])
+    prompt, _ = int_column(df, src, PROMPT, minimum=1)
+    output, _ = int_column(df, src, OUTPUT, minimum=1)
+    notes = [f"token ids: seeded random (seed {k.seed}, vocab {k.vocab_size}), independent per request"]
+    if k.name == "sharegpt":
+        notes.append("sharegpt rows are consecutive turns with cumulative context; "
+                     "ids do not model that prefix reuse")
+    rows = Rows(
+        src=src,
+        prompt_len=prompt,
+        output_len=output,
+        make_ids=lambda take, rids, lens: unique_ids(k.seed, rids, lens, k.vocab_size),
+        shufflable=True,
+        notes=notes,
+    )
+    return assemble(k.name, rows, k)

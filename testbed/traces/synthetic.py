@@ -1,0 +1,49 @@
+"""A synthetic trace: uniform prompt and output lengths, seeded arrivals, and optionally
+groups of requests that share a prefix of prefix_len tokens."""
+from __future__ import annotations
+
+import numpy as np
+
+from .assemble import Rows, assemble
+from .base import Source, Trace
+from .config import TraceConfig
+from .streams import GROUP_IDS, GROUPS, LENGTHS, UNIQUE_IDS
+from .token_ids import keyed_runs, keyed_table
+
+
+def load(k: TraceConfig) -> Trace:
+    n = int(k.num_requests)
+    rng = np.random.default_rng([k.seed, LENGTHS])
+    prompt = rng.integers(k.prompt_len_min, k.prompt_len_max + 1, size=n, dtype=np.int64)
+    output = rng.integers(k.output_len_min, k.output_len_max + 1, size=n, dtype=np.int64)
+    groups_n = k.num_prefix_groups
+    sharing = groups_n > 0 and k.prefix_len > 0
+    notes = [f"lengths: prompt uniform in [{k.prompt_len_min}, {k.prompt_len_max}], output uniform "
+             f"in [{k.output_len_min}, {k.output_len_max}] (seed {k.seed})"]
+    if sharing:
+        group = np.random.default_rng([k.seed, GROUPS]).integers(0, groups_n, size=n)
+        notes.append(f"prefix sharing: each request picks one of {groups_n} groups (uniform, seed "
+                     f"{k.seed}); its first {k.prefix_len} prompt tokens are the group's shared ids")
+    else:
+        group = None
+        notes.append(f"no prefix sharing (num_prefix_groups={groups_n}, prefix_len={k.prefix_len})"
+                     if groups_n > 0 else "no prefix sharing (num_prefix_groups=0)")
+    notes.append(f"token ids: seeded random (seed {k.seed}, vocab {k.vocab_size})")
+
+    def make_ids(take, rids, lens):
+        if group is None:
+            return keyed_runs(k.seed, UNIQUE_IDS, rids, np.zeros(len(take), np.int64), lens, k.vocab_size)
+        shared = keyed_table(k.seed, GROUP_IDS, np.arange(groups_n), k.prefix_len, k.vocab_size)
+        head = np.minimum(lens, k.prefix_len)  # a truncated prompt may keep only part of it
+        tails = keyed_runs(k.seed, UNIQUE_IDS, rids, head, lens - head, k.vocab_size)
+        g = group[take]
+        return [np.concatenate([shared[gi, :h], tail]) for gi, h, tail in zip(g, head, tails)]
+
+    rows = Rows(
+        src=Source("synthetic trace", "synthetic"),
+        prompt_len=prompt,
+        output_len=output,
+        make_ids=make_ids,
+        notes=notes,
+    )
+    return assemble("synthetic", rows, k)
