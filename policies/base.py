@@ -85,9 +85,9 @@ class Policy:
         for r in self.order(view):
             if budget <= 0 or running >= self.cfg.max_running:
                 break
-            hit = view.prefix_match(r)
+            hit, pinned = view.prefix_match_cost(r)
             extend = r.device_len - hit
-            need = self.reserve.admission_pages(view, r, hit)
+            need = self.reserve.admission_pages(view, r, hit) + pinned
             if need > kv_left:
                 break
             n = min(extend, self.chunk_cap(budget))

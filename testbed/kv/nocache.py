@@ -17,6 +17,9 @@ class NoPrefixCache:
     def peek(self, ids) -> int:
         return 0
 
+    def peek_cost(self, ids) -> tuple[int, int]:
+        return 0, 0
+
     def match(self, ids, priority: int = 0, count_hit: bool = True):
         return None, 0, np.zeros(0, np.int64)
 

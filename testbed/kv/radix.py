@@ -72,19 +72,26 @@ class RadixCache:
     # ---- lookup -----------------------------------------------------------------------
     def peek(self, ids: np.ndarray | None) -> int:
         """Length of the longest cached, page-aligned prefix of ids; changes nothing."""
+        return self.peek_cost(ids)[0]
+
+    def peek_cost(self, ids: np.ndarray | None) -> tuple[int, int]:
+        """(matched tokens, evictable pages among them): locking that match would take
+        those pages out of the evictable pool. Changes nothing."""
         if ids is None:
-            return 0
-        node, pos, n_ids = self.root, 0, len(ids)
+            return 0, 0
+        node, pos, n_ids, pinned = self.root, 0, len(ids), 0
         while pos + self.page_size <= n_ids:
             child = node.children.get(self._child_key(ids, pos))
             if child is None:
                 break
             m = self._aligned(_common_len(child.key, ids[pos:]))
             pos += m
+            if child.lock_ref == 0:
+                pinned += m // self.page_size
             if m < len(child.key):
                 break
             node = child
-        return pos
+        return pos, pinned
 
     def match(self, ids: np.ndarray | None, priority: int = 0, count_hit: bool = True
               ) -> tuple[RadixNode, int, np.ndarray]:

@@ -130,7 +130,7 @@ class Scheduler:
         running = tuple(r for r in self.running if r.device_len < r.max_len)
         return SchedulerView(now, self.step_id, tuple(self.waiting), running, self.page_size,
                              self.cfg.num_pages, self.allocator.free_pages, self.cache.evictable_pages,
-                             self.num_preemptions, self.cache.peek)
+                             self.num_preemptions, self.cache.peek_cost)
 
     def schedule(self, now: float) -> BatchPlan | None:
         """Plan and apply the next step, or None if there is nothing to run now."""

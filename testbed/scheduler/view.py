@@ -23,7 +23,12 @@ class SchedulerView:
     def prefix_match(self, req: Request) -> int:
         """Tokens of req's known sequence the prefix cache would give it now (page aligned,
         at most device_len - 1: the last token is always computed)."""
+        return self.prefix_match_cost(req)[0]
+
+    def prefix_match_cost(self, req: Request) -> tuple[int, int]:
+        """(prefix_match(req), evictable pages that admitting req would pin): those leave
+        the evictable pool the moment req is admitted, so an admission must count them."""
         if req.prompt_ids is None:
-            return 0
-        hit = self._peek(req.prompt_ids if req.device_len == req.prompt_len else req.token_ids(req.device_len))
-        return min(hit, (req.device_len - 1) // self.page_size * self.page_size)
+            return 0, 0
+        ids = req.prompt_ids if req.device_len == req.prompt_len else req.token_ids(req.device_len)
+        return self._peek(ids[: req.device_len - 1])
