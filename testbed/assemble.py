@@ -13,7 +13,11 @@ from testbed.traces import Trace, load_trace
 
 
 def model_spec(cfg) -> ModelSpec:
-    return model_spec_from_cfg(cfg.model)
+    """The shape from model.path's config.json when a model directory is given, else model.config_path."""
+    m = cfg.model
+    if m.path:
+        m = dataclasses.replace(m, config_path=m.path)
+    return model_spec_from_cfg(m)
 
 
 def trace_for(cfg, spec: ModelSpec) -> Trace:

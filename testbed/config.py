@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from policies import PolicyConfig
+from testbed.modelspec import ModelConfig
 from testbed.traces import TraceConfig
 
 BACKENDS = ("sim", "engine")
@@ -58,7 +59,7 @@ class Config:
     eviction: NamedConfig = field(default_factory=lambda: NamedConfig("lru"))
     cache: NamedConfig = field(default_factory=lambda: NamedConfig("radix"))
     trace: TraceConfig = field(default_factory=TraceConfig)
-    model: Any = None  # conf/model/*.yaml, checked by testbed.modelspec
+    model: ModelConfig = field(default_factory=lambda: ModelConfig("llama3_8b", "hf/llama3_8b.json"))
     hardware: Any = None  # conf/hardware/*.yaml, checked by load_hardware
     costmodel: Any = None  # conf/costmodel/*.yaml, checked by make_cost_model
     engine: EngineConfig = field(default_factory=EngineConfig)

@@ -6,12 +6,14 @@ from testbed.core import BatchPlan
 from testbed.timeline import StepLog
 
 
-def record_step(log: StepLog, sched, plan: BatchPlan, start: float, end: float, predicted: float) -> None:
+def record_step(log: StepLog, sched, plan: BatchPlan, start: float, end: float, duration: float,
+                predicted: float | None) -> None:
+    """duration: the step's own time (the simulator's cost, the engine's device time)."""
     st = sched.stats_of(plan)
     free = sched.allocator.free_pages
     cached = sched.cache.cached_pages
     log.append(
-        step=plan.step_id, start_s=start, end_s=end, duration_s=end - start, predicted_s=predicted,
+        step=plan.step_id, start_s=start, end_s=end, duration_s=duration, predicted_s=predicted,
         batch_reqs=len(plan), prefill_reqs=st.prefill_reqs, prefill_tokens=st.prefill_tokens,
         decode_reqs=st.decode_reqs, decode_tokens=st.decode_tokens,
         context_tokens=int(plan.cached_lens.sum()) + plan.total_tokens,

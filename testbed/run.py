@@ -107,12 +107,15 @@ def print_summary(summary: dict, out_dir: str) -> None:
 def main(dcfg) -> None:
     from hydra.core.hydra_config import HydraConfig
     out_dir = HydraConfig.get().runtime.output_dir
-    cfg: Config = OmegaConf.to_object(dcfg)
     try:
+        cfg: Config = OmegaConf.to_object(dcfg)
         run(cfg, out_dir)
     except (ConfigError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except RuntimeError as e:  # the run stopped early; what was done is written
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ class SimDriver:
             result = self.executor.run(plan)
             yield env.timeout(result.duration)
             sched.complete(plan, result, env.now)
-            record_step(self.steps, sched, plan, start, env.now, result.predicted)
+            record_step(self.steps, sched, plan, start, env.now, result.duration, result.predicted)
             if self.progress is not None:
                 self.progress(len(sched.done), n, env.now)
 

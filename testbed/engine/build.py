@@ -1,0 +1,77 @@
+"""Assemble the engine backend from the config: model and weights on the device, a KV
+pool sized from free memory (or engine.num_pages), the scheduler over that pool."""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from testbed.assemble import make_scheduler
+from testbed.engine.driver import RealtimeDriver
+from testbed.engine.executor import EngineExecutor
+from testbed.engine.model import build_model, load_weights
+from testbed.engine.model.config import read_hf_config
+from testbed.modelspec import resolve_config_path
+
+log = logging.getLogger(__name__)
+HEADROOM_BYTES = 4 << 30  # activations, logits and CUDA graphs beside the KV pool
+CPU_DEFAULT_SLOTS = 32768
+
+
+def _dtype(name: str) -> torch.dtype:
+    dt = getattr(torch, name, None)
+    if not isinstance(dt, torch.dtype):
+        raise ValueError(f"engine.dtype={name!r} is invalid; allowed: bfloat16, float16, float32")
+    return dt
+
+
+def kv_slots(cfg, model, device: torch.device) -> int:
+    e = cfg.engine
+    if e.num_pages is not None:
+        return e.num_pages * e.page_size
+    per_slot = model.kv_bytes_per_slot()
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        budget = total * e.mem_fraction - (total - free) - HEADROOM_BYTES
+        if budget <= per_slot * e.page_size:
+            raise ValueError(f"no GPU memory left for the KV cache: {free / 2**30:.1f} GiB free of "
+                             f"{total / 2**30:.1f} GiB after the weights; raise engine.mem_fraction or set engine.num_pages")
+        return int(budget // (per_slot * e.page_size)) * e.page_size
+    log.info("engine on the CPU without engine.num_pages: KV pool of %d slots", CPU_DEFAULT_SLOTS)
+    return CPU_DEFAULT_SLOTS
+
+
+def build_engine(cfg, spec, requests):
+    e = cfg.engine
+    if e.tp != 1:
+        from testbed.engine.tp_launch import build_tp_engine
+        return build_tp_engine(cfg, spec, requests)
+    device = torch.device(e.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("engine.device=cuda but no CUDA device is visible; use engine.device=cpu engine.attention=torch")
+    if device.type == "cpu" and e.attention != "torch":
+        raise ValueError(f"engine.attention={e.attention!r} needs a GPU; on engine.device=cpu use engine.attention=torch")
+    source = cfg.model.path
+    if cfg.model.weights == "real" and not source:
+        raise ValueError("model.weights=real needs model.path=DIR (config.json + *.safetensors); "
+                         "or use model.weights=dummy")
+    hf_config = read_hf_config(source) if source else read_hf_config(str(resolve_config_path(cfg.model.config_path)))
+    torch.manual_seed(cfg.seed)
+    model = build_model(hf_config, _dtype(e.dtype), device, e.attention)
+    report = load_weights(model, "dummy" if cfg.model.weights == "dummy" else source, seed=cfg.seed)
+    log.info("weights: %s", report)
+    slots = kv_slots(cfg, model, device)
+    model.create_kv_pool(slots, e.page_size)
+    sched = make_scheduler(cfg, spec, slots // e.page_size)
+    from testbed.sim.build import cost_model_for
+    cost, _ = cost_model_for(cfg, spec)
+    graphs = None
+    if device.type == "cuda" and e.cuda_graph_max_bs > 0:
+        from testbed.engine.cuda_graphs import DecodeGraphs
+        graphs = DecodeGraphs(model, sched, device, e.cuda_graph_max_bs)
+    executor = EngineExecutor(model, sched, device, cost, graphs)
+    driver = RealtimeDriver(sched, executor, requests, overlap=e.overlap)
+    info = {"num_pages": slots // e.page_size, "page_size": e.page_size, "device": str(device),
+            "attention": e.attention, "weights": str(report), "cuda_graphs": graphs is not None,
+            "overlap": e.overlap, "cost_model": repr(cost)}
+    return driver, sched, info

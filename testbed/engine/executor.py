@@ -1,0 +1,86 @@
+"""The engine's executor: runs an applied plan on the model and samples.
+
+`launch(plan)` prepares the batch on the host, copies it over and enqueues the forward
+pass and sampling on the device, without waiting; `collect(handle)` waits for that step
+and returns its StepResult. `run(plan)` is both at once. The driver decides whether the
+CPU prepares step N+1 between the two (overlap)."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from testbed.core import BatchPlan, StepResult
+from testbed.engine.batch_builder import build_host_batch
+from testbed.engine.sampling import SamplingTensors, sample
+
+
+@dataclass
+class StepHandle:
+    plan: BatchPlan
+    tokens: torch.Tensor  # host (pinned on CUDA) copy of the sampled ids
+    start_event: object
+    end_event: object
+    t_launch: float
+    predicted: float | None
+
+
+class EngineExecutor:
+    def __init__(self, model, scheduler, device: torch.device, cost_model=None, graphs=None):
+        self.model = model
+        self.sched = scheduler
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.cost_model = cost_model
+        self.graphs = graphs  # CUDA graphs for decode batches, or None
+        rows = scheduler.page_table.table.shape[0]
+        self.last_token = torch.zeros(rows, dtype=torch.int64, device=device)
+
+    def launch(self, plan: BatchPlan) -> StepHandle:
+        t_launch = time.perf_counter()
+        hb = build_host_batch(plan, self.sched.page_table.table, self.sched.page_size)
+        predicted = (self.cost_model.step_time(plan.extend_lens, plan.cached_lens)
+                     if self.cost_model is not None else None)
+        nb = self.cuda
+        fb = hb.fb.to(self.device, non_blocking=nb) if self.cuda else hb.fb
+        if len(hb.pending_at):
+            at = torch.from_numpy(hb.pending_at).to(self.device, non_blocking=nb)
+            rows = torch.from_numpy(hb.pending_rows).to(self.device, non_blocking=nb)
+            fb.input_ids[at] = self.last_token[rows]
+        reqs = [plan.reqs[i] for i in hb.sample_idx]
+        params = SamplingTensors.build(
+            [r.sampling.temperature for r in reqs], [max(r.sampling.top_k, 0) for r in reqs],
+            [r.sampling.top_p for r in reqs], [r.sampling.seed for r in reqs], hb.sample_steps.tolist(),
+            device=self.device)
+        start = end = None
+        if self.cuda:
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+        if self.graphs is not None and fb.is_decode and self.graphs.fits(fb):
+            logits = self.graphs.run(fb)
+        else:
+            logits = self.model(fb)
+        sel = torch.from_numpy(hb.sample_idx).to(self.device, non_blocking=nb)
+        ids = sample(logits[sel], params)
+        self.last_token[torch.from_numpy(hb.sample_rows).to(self.device, non_blocking=nb)] = ids
+        if self.cuda:
+            host = torch.empty(ids.shape, dtype=torch.int64, pin_memory=True)
+            host.copy_(ids, non_blocking=True)
+            end.record()
+        else:
+            host = ids
+        return StepHandle(plan, host, start, end, t_launch, predicted)
+
+    def collect(self, h: StepHandle) -> StepResult:
+        if self.cuda:
+            h.end_event.synchronize()
+            duration = h.start_event.elapsed_time(h.end_event) / 1000.0
+        else:
+            duration = time.perf_counter() - h.t_launch
+        return StepResult(duration=duration, tokens=h.tokens.numpy().astype(np.int64), predicted=h.predicted)
+
+    def run(self, plan: BatchPlan) -> StepResult:
+        return self.collect(self.launch(plan))
