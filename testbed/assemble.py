@@ -21,8 +21,15 @@ def model_spec(cfg) -> ModelSpec:
 
 
 def trace_for(cfg, spec: ModelSpec) -> Trace:
-    """Load the trace with the model's context and vocabulary (ids stay valid for the engine)."""
-    tcfg = dataclasses.replace(cfg.trace, max_context=spec.max_context, vocab_size=spec.vocab_size)
+    """Load the trace with the model's context, and its vocabulary unless trace.vocab_size
+    narrows it (ids always stay valid for the engine)."""
+    vocab = spec.vocab_size
+    if cfg.trace.vocab_size is not None:
+        if not 2 <= cfg.trace.vocab_size <= spec.vocab_size:
+            raise ValueError(f"trace.vocab_size={cfg.trace.vocab_size} is invalid; allowed: 2..{spec.vocab_size} "
+                             f"(the vocabulary of {spec.name})")
+        vocab = cfg.trace.vocab_size
+    tcfg = dataclasses.replace(cfg.trace, max_context=spec.max_context, vocab_size=vocab)
     return load_trace(tcfg)
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from .base import TraceError
 
 OVER_CONTEXT_RULES = ("reject", "truncate")
+DEFAULT_VOCAB = 32000
 
 
 @dataclass
@@ -26,7 +27,7 @@ class TraceConfig:
     shuffle: bool = True  # length-only CSV traces: shuffle rows before taking num_requests
     over_context: str = "reject"  # "reject" | "truncate"
     block_size: int = 512  # tokens per prefix block of a file trace's prefix_ids
-    vocab_size: int = 32000  # token ids are drawn in [0, vocab_size)
+    vocab_size: int | None = None  # token ids are drawn in [0, vocab_size); None: the model's vocabulary (32000 outside a run)
     max_context: int | None = None  # None: no context check
     # name="synthetic"
     prompt_len_min: int = 128
@@ -129,7 +130,8 @@ def resolve_config(cfg: Any, known_names: tuple[str, ...]) -> TraceConfig:
     block = _as_int("block_size", k.block_size, "use an int >= 1")
     if block < 1:
         raise _bad("block_size", k.block_size, "use an int >= 1")
-    vocab = _as_int("vocab_size", k.vocab_size, "use an int in [2, 2**31)")
+    # outside a run (which passes the model's vocabulary) ids default to a Llama-2-sized vocabulary
+    vocab = DEFAULT_VOCAB if k.vocab_size is None else _as_int("vocab_size", k.vocab_size, "use an int in [2, 2**31)")
     if not 2 <= vocab < 2**31:
         raise _bad("vocab_size", k.vocab_size, "use an int in [2, 2**31)")
     if k.max_context is None:
