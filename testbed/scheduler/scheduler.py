@@ -201,6 +201,9 @@ class Scheduler:
             if not candidates:
                 break
             victim = self.policy.choose_victim(view, candidates)
+            if not any(victim is c for c in candidates):
+                raise PlanError(f"choose_victim returned request {getattr(victim, 'rid', victim)}, not one of the "
+                                f"preemptible running requests {[c.rid for c in candidates]}")
             self._drop(plan, lambda x: x is victim)
             self._preempt(victim, now)
             needs = self._page_needs(plan)
