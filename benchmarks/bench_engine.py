@@ -1,0 +1,129 @@
+"""Engine throughput and decode-step benchmarks (GPU). Writes a JSON result file.
+
+Throughput: mini-SGLang's offline workload -- 256 requests, input and output lengths
+uniform in 100-1024, random token ids below 10,000, EOS ignored, greedy, all arriving at
+t=0 -- through `python -m testbed.run backend=engine ...` with dummy weights.
+Decode step: B requests with a 1,024-token context decode together; the median device
+time of a decode step against the HBM roofline (weight bytes + KV bytes read over the
+hardware's bandwidth).
+
+    python benchmarks/bench_engine.py --models qwen3_0_6b,llama3_8b --out benchmarks/results/engine_h200.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+WORKLOAD = ["trace=synthetic", "trace.num_requests=256", "trace.prompt_len_min=100", "trace.prompt_len_max=1024",
+            "trace.output_len_min=100", "trace.output_len_max=1024", "trace.rate=inf", "trace.vocab_size=10000",
+            "engine.ignore_eos=true", "engine.temperature=0"]
+
+
+def compose(overrides):
+    from hydra import compose as hcompose, initialize_config_dir
+    from omegaconf import OmegaConf
+    from testbed.config import register_schema
+    register_schema()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return OmegaConf.to_object(hcompose("config", overrides=overrides))
+
+
+def throughput(model: str, overlap: bool, extra) -> dict:
+    from testbed.run import run
+    cfg = compose(["backend=engine", f"model={model}", "model.weights=dummy", f"engine.overlap={overlap}",
+                   "progress=false", *WORKLOAD, *extra])
+    with tempfile.TemporaryDirectory() as d:
+        s = run(cfg, d)
+    m = s["metrics"]
+    return {"model": model, "overlap": overlap, "output_throughput": m["output_throughput"],
+            "total_token_throughput": m["total_token_throughput"], "duration_s": m["duration_s"],
+            "input_tokens": m["total_input_tokens"], "output_tokens": m["total_output_tokens"],
+            "num_steps": m.get("num_steps"), "mean_batch_reqs": m.get("mean_batch_reqs"), "kv": s["kv"]}
+
+
+def decode_steps(model: str, batches, context: int, reps: int, extra) -> list[dict]:
+    import numpy as np
+    import torch
+    from testbed import assemble
+    from testbed.core import Request
+    from testbed.engine.build import build_engine
+    cfg = compose(["backend=engine", f"model={model}", "model.weights=dummy", "engine.overlap=false",
+                   f"policy.max_running={max(batches)}", "policy.max_prefill_tokens=16384", *extra])
+    spec = assemble.model_spec(cfg)
+    driver, sched, info = build_engine(cfg, spec, [])
+    ex = driver.executor
+    rows = []
+    for b in batches:
+        rng = np.random.default_rng(b)
+        reqs = [Request(rid=i, prompt_len=context, max_new_tokens=reps + 8, prompt_ids=rng.integers(0, min(10000, spec.vocab_size), context),
+                        ignore_eos=True) for i in range(b)]
+        for r in reqs:
+            sched.add_request(r, 0.0)
+        while any(not r.output_ids for r in reqs):  # prefill everyone
+            plan = sched.schedule(0.0)
+            sched.complete(plan, ex.run(plan), 0.0)
+        times = []
+        for _ in range(reps):
+            plan = sched.schedule(0.0)
+            assert plan is not None and len(plan) == b and plan.total_tokens == b, "not a pure decode batch"
+            res = ex.run(plan)
+            sched.complete(plan, res, 0.0)
+            times.append(res.duration)
+        for r in reqs:
+            sched.abort(r, 0.0)
+        med = statistics.median(times[2:])
+        kv_bytes = b * (context + reps // 2) * spec.kv_bytes_per_token()
+        roof = (spec.weight_bytes() + kv_bytes) / 4.3e12
+        rows.append({"model": model, "batch": b, "context": context, "median_step_ms": med * 1e3,
+                     "roofline_ms": roof * 1e3, "fraction_of_roofline": roof / med,
+                     "weight_bytes": spec.weight_bytes(), "kv_bytes": kv_bytes})
+        print(f"{model} decode b={b:4d} ctx={context}: {med * 1e3:7.3f} ms (roofline {roof * 1e3:6.3f} ms, "
+              f"{roof / med:5.1%})", flush=True)
+    del driver, ex
+    torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="qwen3_0_6b,llama3_8b")
+    ap.add_argument("--overlap", default="true,false")
+    ap.add_argument("--decode-batches", default="1,64,256")
+    ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--skip-throughput", action="store_true")
+    ap.add_argument("--skip-decode", action="store_true")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/engine_h200.json"))
+    ap.add_argument("extra", nargs="*", help="more Hydra overrides for every run")
+    a = ap.parse_args()
+    import torch
+    out = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+           "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+           "torch": torch.__version__, "python": platform.python_version(), "workload": WORKLOAD,
+           "throughput": [], "decode": []}
+    models = a.models.split(",")
+    for model in models:
+        if not a.skip_decode:
+            out["decode"] += decode_steps(model, [int(b) for b in a.decode_batches.split(",")], a.context, a.reps, a.extra)
+        if not a.skip_throughput:
+            for ov in a.overlap.split(","):
+                row = throughput(model, ov == "true", a.extra)
+                out["throughput"].append(row)
+                print(f"{model} overlap={ov}: {row['output_throughput']:,.0f} output tok/s "
+                      f"({row['input_tokens']} in / {row['output_tokens']} out, {row['duration_s']:.2f} s)", flush=True)
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(out, indent=2, default=str))
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()

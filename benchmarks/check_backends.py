@@ -1,0 +1,99 @@
+"""GPU check: the flashinfer attention backend against the torch reference backend, same
+dummy weights, same batches (prefill with cached prefixes and mixed lengths, then decode).
+Prints and writes the relative error of the logits.
+
+    python benchmarks/check_backends.py --model qwen3_0_6b --out benchmarks/results/backends_h200.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> None:
+    import numpy as np
+    import torch
+    from testbed.engine.forward_batch import ForwardBatch
+    from testbed.engine.model import build_model, load_weights
+    from testbed.engine.model.config import read_hf_config
+    from testbed.modelspec import resolve_config_path
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="qwen3_0_6b")
+    ap.add_argument("--page-size", type=int, default=1)
+    ap.add_argument("--layers", type=int, default=0, help="cut the model to this many layers (0: all)")
+    ap.add_argument("--out", default="")
+    a = ap.parse_args()
+    hf = read_hf_config(str(resolve_config_path(f"hf/{a.model}.json")))
+    if a.layers:
+        hf["num_hidden_layers"] = a.layers
+    dev = torch.device("cuda")
+    models = {}
+    for name in ("torch", "flashinfer"):
+        m = build_model(hf, torch.bfloat16, dev, name)
+        load_weights(m, "dummy", seed=0)
+        m.create_kv_pool(8192, a.page_size)
+        models[name] = m
+    rng = np.random.default_rng(0)
+    P = a.page_size
+    # three requests: two share a cached prefix of 64 tokens computed in a first step
+    lens = [200, 37, 129]
+    prompts = [rng.integers(0, 10000, n) for n in lens]
+    prompts[1][:32] = prompts[0][:32]
+    slot_next = [0]
+
+    def slots(n):  # page-aligned raw slots
+        pages = -(-n // P)
+        base = slot_next[0]
+        slot_next[0] += pages * P
+        return np.arange(base, base + pages * P)[:n]
+
+    kv = [slots(n + 8) for n in lens]  # room for the decode steps
+    kv[1][:32] = kv[0][:32]  # shared prefix pages (32 is a multiple of every page size used)
+
+    def batch(items):  # items: (req, start, n)
+        ids, pos, qo, kvi, kvp, loc = [], [], [0], [], [0], []
+        for r, c, n in items:
+            ids += list(seq[r][c:c + n]); pos += list(range(c, c + n)); qo.append(qo[-1] + n)
+            kvi += list(kv[r][:c + n]); kvp.append(kvp[-1] + c + n); loc += list(kv[r][c:c + n])
+        t = lambda x, dt: torch.tensor(x, dtype=dt)
+        return ForwardBatch(t(ids, torch.int64), t(pos, torch.int64), t(qo, torch.int32), t(kvp, torch.int32),
+                            t(kvi, torch.int32), t(loc, torch.int32), all(n == 1 for _, _, n in items), P).to(dev)
+
+    seq = [list(p) for p in prompts]
+    results = []
+    logits = {}
+    for name, m in models.items():
+        out = [m(batch([(0, 0, 200)])), m(batch([(1, 32, 5), (2, 0, 129)]))]
+        logits[name] = out
+    for i in range(2):
+        ref, got = logits["torch"][i].float(), logits["flashinfer"][i].float()
+        rel = ((got - ref).norm() / ref.norm()).item()
+        results.append({"step": f"prefill {i}", "rel_error": rel,
+                        "argmax_equal": float((got.argmax(-1) == ref.argmax(-1)).float().mean())})
+    # decode steps: every request appends one (random) token over its whole context
+    for step in range(4):
+        items = []
+        for r in range(3):
+            c = len(seq[r])
+            seq[r].append(int(rng.integers(0, 10000)))
+            items.append((r, c, 1))
+        fb = batch(items)
+        out = {name: m(fb).float() for name, m in models.items()}
+        rel = ((out["flashinfer"] - out["torch"]).norm() / out["torch"].norm()).item()
+        results.append({"step": f"decode {step}", "rel_error": rel,
+                        "argmax_equal": float((out["flashinfer"].argmax(-1) == out["torch"].argmax(-1)).float().mean())})
+    for r in results:
+        print(f"{a.model} page_size={P} {r['step']:<10} rel_error {r['rel_error']:.2e} argmax_equal {r['argmax_equal']:.2f}")
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps({"model": a.model, "page_size": P, "results": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
