@@ -185,7 +185,7 @@ class Scheduler:
                 self._admit(r, now)
                 admitted.append(r)
                 plan.num_tokens[i] = min(plan.num_tokens[i], r.extend_len)
-        if len(admitted) < sum(1 for r in plan.reqs if r.state != RequestState.RUNNING):
+        if any(r.state != RequestState.RUNNING for r in plan.reqs):  # no row left for these
             self._drop(plan, lambda r: r.state != RequestState.RUNNING)
         # 2. pages needed; make room: drop new admissions from the end, then preempt
         needs = self._page_needs(plan)
