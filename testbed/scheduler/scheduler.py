@@ -392,6 +392,7 @@ class Scheduler:
                 r.pending_tokens -= 1
                 if r.is_done:  # ended (abort, EOS) while this step was in flight: drop the token
                     r.device_len -= 1
+                    r.cached_len = min(r.cached_len, r.device_len)  # no KV beyond the known tokens
                 else:
                     r.output_ids.append(tok)
                     r.token_times.append(now)
