@@ -60,7 +60,8 @@ def run(cfg: Config, out_dir: str) -> dict:
         integrity = sched.check_integrity()
         if integrity["in_use"]:
             raise AssertionError(f"KV leak after the run: {integrity}")
-    arrived = [r for r in requests if r.state.name != "WAITING" or r in sched.waiting]
+    queued = {id(r) for r in sched.waiting}
+    arrived = [r for r in requests if r.state.name != "WAITING" or id(r) in queued]  # not-yet-arrived ones are left out
     extra = {
         "complete": complete, "error": error, "backend": cfg.backend.name,
         "trace": {"name": trace.name, "notes": trace.notes, "over_context": trace.over_context,
@@ -71,7 +72,9 @@ def run(cfg: Config, out_dir: str) -> dict:
     summary = write_run(out_dir, arrived, driver.steps, OmegaConf.to_container(OmegaConf.structured(cfg)),
                         extra, keep_ids, cfg.slo.ttft_ms, cfg.slo.tpot_ms)
     print_summary(summary, out_dir)
-    if error and "interrupted" not in error:
+    if error and "interrupted" in error:
+        raise KeyboardInterrupt
+    if error:
         raise RuntimeError(f"run stopped early ({error}); the finished requests are in {out_dir}")
     return summary
 
@@ -116,6 +119,9 @@ def main(dcfg) -> None:
     except RuntimeError as e:  # the run stopped early; what was done is written
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
+    except KeyboardInterrupt:
+        print(f"interrupted: what was done is in {out_dir} (summary.json says complete: false)", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

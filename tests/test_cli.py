@@ -1,0 +1,159 @@
+"""End-to-end runs of `python -m testbed.run` (simulator), as a user would type them."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cli(*args, cwd=None, timeout=300):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "testbed.run", *args, "progress=false"], cwd=cwd or ROOT,
+                          capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def ok(p):
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    return p
+
+
+def test_default_run_writes_three_files(tmp_path):
+    out = tmp_path / "run"
+    ok(cli("policy=chunked", "trace=sharegpt", "trace.num_requests=300", f"hydra.run.dir={out}"))
+    req = pd.read_parquet(out / "requests.parquet")
+    steps = pd.read_parquet(out / "steps.parquet")
+    summary = json.loads((out / "summary.json").read_text())
+    assert len(req) == 300 and set(req["state"]) == {"FINISHED"}
+    assert (req["output_tokens"] == req["max_new_tokens"]).all()
+    assert len(steps) > 300 and steps["duration_s"].gt(0).all()
+    m = summary["metrics"]
+    assert summary["complete"] is True and m["completed"] == 300
+    for key in ("mean_ttft_ms", "p99_tpot_ms", "median_itl_ms", "p90_e2e_latency_ms", "request_throughput",
+                "output_throughput", "total_token_throughput"):
+        assert m[key] is not None and m[key] > 0, key
+    assert summary["kv"]["integrity"]["in_use"] == 0
+    assert summary["config"]["policy"]["name"] == "chunked"
+    # TPOT as defined: (e2e - ttft) / (output - 1)
+    r = req[req["output_tokens"] > 1].iloc[0]
+    assert r["tpot_s"] == pytest.approx((r["e2e_s"] - r["ttft_s"]) / (r["output_tokens"] - 1))
+    assert len(r["token_times_s"]) == r["output_tokens"]
+
+
+def test_same_config_same_bytes(tmp_path):
+    for d in ("a", "b"):
+        ok(cli("trace=mooncake_synthetic", "trace.num_requests=150", "policy.order=lpm",
+               f"hydra.run.dir={tmp_path / d}"))
+    a = pq.read_table(tmp_path / "a" / "requests.parquet")
+    b = pq.read_table(tmp_path / "b" / "requests.parquet")
+    assert a.equals(b)
+    assert pq.read_table(tmp_path / "a" / "steps.parquet").equals(pq.read_table(tmp_path / "b" / "steps.parquet"))
+
+
+def _sweep_dirs(root: Path):
+    return sorted(p for p in root.iterdir() if p.is_dir() and (p / "summary.json").exists())
+
+
+@pytest.mark.parametrize("group,names", [
+    ("trace", "sharegpt,azure_conv,azure_code,arxiv,bwb,mooncake_conversation,mooncake_synthetic,synthetic"),
+    ("policy", "prefill_first,decode_first,chunked"),
+    ("eviction", "lru,lfu,fifo,slru,priority"),
+    ("cache", "radix,none"),
+    ("policy.order", "fcfs,sjf,lpm,priority"),
+])
+def test_every_option_runs(tmp_path, group, names):
+    # a small KV pool so that eviction and preemption really happen
+    extra = ["trace=mooncake_synthetic", "engine.num_pages=150000", "policy.reserve=estimate"] \
+        if group in ("eviction", "cache", "policy.order") else []
+    ok(cli("-m", f"{group}={names}", "trace.num_requests=60", *extra, f"hydra.sweep.dir={tmp_path}"))
+    jobs = _sweep_dirs(tmp_path)
+    assert len(jobs) == len(names.split(","))
+    for job in jobs:
+        s = json.loads((job / "summary.json").read_text())
+        req = pd.read_parquet(job / "requests.parquet")
+        assert s["complete"] and len(req) == 60, job.name
+        assert set(req["state"]) <= {"FINISHED", "REJECTED"}, job.name
+        assert req.loc[req["state"] == "REJECTED", "reject_reason"].notna().all()
+    sweep = pd.read_parquet(tmp_path / "sweep.parquet")
+    assert len(sweep) == len(jobs)
+
+
+def test_file_trace_and_over_context(tmp_path):
+    path = tmp_path / "t.csv"
+    pd.DataFrame({"prompt_tokens": [100, 200, 140000], "output_tokens": [10, 20, 5],
+                  "arrival_s": [0.0, 0.1, 0.2]}).to_csv(path, index=False)
+    out = tmp_path / "run"
+    ok(cli("trace=file", f"trace.path={path}", f"hydra.run.dir={out}"))
+    req = pd.read_parquet(out / "requests.parquet")
+    assert list(req["state"]) == ["FINISHED", "FINISHED", "REJECTED"]
+    assert "exceeds the model context" in req["reject_reason"].iloc[2]
+    s = json.loads((out / "summary.json").read_text())
+    assert s["trace"]["over_context"]["count"] == 1
+    out2 = tmp_path / "run2"
+    ok(cli("trace=file", f"trace.path={path}", "trace.over_context=truncate", f"hydra.run.dir={out2}"))
+    req = pd.read_parquet(out2 / "requests.parquet")
+    assert set(req["state"]) == {"FINISHED"} and req["prompt_tokens"].iloc[2] + 5 <= 131072
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["trace=file", "trace.path=/nonexistent/trace.csv"], "/nonexistent/trace.csv"),
+    (["policy.order=random"], "policy.order"),
+    (["trace.rate=-1"], "rate"),
+    (["engine.page_size=0"], "engine.page_size"),
+    (["model.config_path=/nope/config.json"], "/nope/config.json"),
+])
+def test_bad_input_is_one_clear_line(tmp_path, args, needle):
+    p = cli(*args, f"hydra.run.dir={tmp_path}")
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert "Traceback" not in p.stderr
+    assert needle in p.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("rows,needle", [
+    ("prompt_tokens,output_tokens\n100,10\nabc,5\n", "row 2"),
+    ("prompt_tokens,output_tokens\n100,10\n0,5\n", "prompt_tokens"),
+    ("prompt_tokens,output_tokens\n100,-3\n", "output_tokens"),
+])
+def test_malformed_rows_named(tmp_path, rows, needle):
+    path = tmp_path / "bad.csv"
+    path.write_text(rows)
+    p = cli("trace=file", f"trace.path={path}", f"hydra.run.dir={tmp_path / 'out'}")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert str(path) in last and needle in last
+
+
+def test_unknown_policy_lists_known_ones(tmp_path):
+    p = cli("policy=nosuch", f"hydra.run.dir={tmp_path}")
+    assert p.returncode != 0 and "Traceback" not in p.stderr
+    assert "prefill_first" in p.stderr and "chunked" in p.stderr
+
+
+def test_ctrl_c_keeps_finished_requests(tmp_path):
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "testbed.run", "progress=false", "trace=sharegpt",
+                             "trace.num_requests=30000", "trace.rate=20", f"hydra.run.dir={out}"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (out / ".hydra").exists():
+        time.sleep(0.2)
+    time.sleep(6)  # loading 30k requests, then simulating for a while
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr[-2000:]
+    s = json.loads((out / "summary.json").read_text())
+    assert s["complete"] is False and "interrupted" in s["error"]
+    req = pd.read_parquet(out / "requests.parquet")
+    assert 0 < s["metrics"]["completed"] < 30000
+    assert (req["state"] == "FINISHED").sum() == s["metrics"]["completed"]
+    assert len(pd.read_parquet(out / "steps.parquet")) > 0
