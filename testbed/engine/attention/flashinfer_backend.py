@@ -1,0 +1,92 @@
+"""flashinfer paged attention (CUDA). ``flashinfer`` is imported when the backend is built,
+so CPU code never needs it.
+
+Per step, :meth:`prepare` turns the batch's raw-slot page table into flashinfer's page
+table (page ids = slot of every page_size-th position // page_size, plus last-page lengths)
+and plans one wrapper: ``BatchDecodeWithPagedKVCacheWrapper`` for decode batches, else
+``BatchPrefillWithPagedKVCacheWrapper`` (causal; the mask is aligned to the end of the
+context, so cached prefixes and mixed decode/prefill batches work). Every layer then only
+writes its new K/V into the pool and calls ``run``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from testbed.engine.attention.base import AttentionBackend
+from testbed.engine.forward_batch import ForwardBatch, paged_kv_layout
+
+__all__ = ["FlashInferAttentionBackend"]
+
+DEFAULT_WORKSPACE_BYTES = 256 * 1024 * 1024
+
+
+class FlashInferAttentionBackend(AttentionBackend):
+    name = "flashinfer"
+    _require_cuda = True  # tests swap in a CPU stand-in for the flashinfer module
+
+    def __init__(
+        self,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        sm_scale: float | None = None,
+        workspace_bytes: int = DEFAULT_WORKSPACE_BYTES,
+        decode_use_tensor_cores: bool | None = None,
+    ) -> None:
+        super().__init__(num_qo_heads, num_kv_heads, head_dim, dtype, device, sm_scale)
+        try:
+            import flashinfer
+        except ImportError as e:  # pragma: no cover - depends on the machine
+            raise ImportError(
+                "attention backend 'flashinfer' needs the flashinfer package (and a CUDA "
+                "device); use attention_backend='torch' on CPU"
+            ) from e
+        if self._require_cuda and self.device.type != "cuda":
+            raise ValueError(f"attention backend 'flashinfer' runs on CUDA, got device {self.device}")
+        if decode_use_tensor_cores is None:
+            # The tensor-core (prefill-kernel) decode path pays off for wide GQA groups.
+            decode_use_tensor_cores = num_qo_heads // num_kv_heads >= 4
+        self.workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=self.device)
+        # One workspace for both: only one of the two wrappers runs in a step.
+        self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, kv_layout="NHD")
+        self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            self.workspace, kv_layout="NHD", use_tensor_cores=decode_use_tensor_cores
+        )
+        self._wrapper = None
+
+    def prepare(self, fb: ForwardBatch) -> None:
+        pool = self._pool()
+        if fb.page_size != pool.page_size:
+            raise ValueError(f"batch page_size {fb.page_size} != KV pool page_size {pool.page_size}")
+        # flashinfer reads indptrs and last-page lengths on the host while planning: derive
+        # them from the batch's host copies (no sync when it has them, else one small one per
+        # step, never per layer); page ids stay on the device.
+        page_indptr, page_ids, last_page_len = paged_kv_layout(
+            fb.host_kv_indptr(), fb.kv_indices.to(self.device), fb.page_size
+        )
+        heads = (self.num_qo_heads, self.num_kv_heads, self.head_dim, fb.page_size)
+        options = dict(sm_scale=self.sm_scale, q_data_type=self.dtype, kv_data_type=pool.dtype)
+        if fb.is_decode:
+            # plan(indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size)
+            self._decode.plan(page_indptr, page_ids, last_page_len, *heads, **options)
+            self._wrapper = self._decode
+        else:
+            # plan(qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len,
+            #      num_qo_heads, num_kv_heads, head_dim_qk, page_size, causal=...)
+            qo_indptr = fb.host_qo_indptr().int()
+            self._prefill.plan(
+                qo_indptr, page_indptr, page_ids, last_page_len, *heads, causal=True, **options
+            )
+            self._wrapper = self._prefill
+
+    def forward(
+        self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fb: ForwardBatch
+    ) -> torch.Tensor:
+        pool = self._pool()
+        pool.write(layer_id, fb.out_cache_loc, k, v)
+        if self._wrapper is None:
+            raise RuntimeError("FlashInferAttentionBackend.forward before prepare(fb)")
+        return self._wrapper.run(q.contiguous(), pool.paged(layer_id))

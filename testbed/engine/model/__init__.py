@@ -1,0 +1,102 @@
+"""Decoder LLMs (Llama 2/3/3.1, Qwen2, Qwen3) over the paged KV cache.
+
+    model = build_model(hf_config, torch.bfloat16, "cuda", "flashinfer")
+    load_weights(model, "/path/to/hf_dir")      # or "dummy"
+    pool = model.create_kv_pool(num_slots=..., page_size=1)
+    logits = model(forward_batch)               # float32 [B, vocab]
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from testbed.engine.attention import AttentionBackend, make_attention_backend
+from testbed.engine.model.config import (
+    SUPPORTED_ARCHITECTURES,
+    ModelConfig,
+    UnsupportedArchitectureError,
+    read_hf_config,
+)
+from testbed.engine.model.decoder import CausalLM, DecoderLayer
+from testbed.engine.model.parallel import TensorParallel
+
+__all__ = [
+    "build_model",
+    "load_weights",
+    "load_model",
+    "CausalLM",
+    "DecoderLayer",
+    "ModelConfig",
+    "TensorParallel",
+    "SUPPORTED_ARCHITECTURES",
+    "UnsupportedArchitectureError",
+    "read_hf_config",
+]
+
+
+def _dtype(dtype: torch.dtype | str, cfg: ModelConfig) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = cfg.torch_dtype if dtype == "auto" else dtype
+    name = (name or "bfloat16").replace("torch.", "")
+    value = getattr(torch, name, None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}")
+    return value
+
+
+def build_model(
+    hf_config: Any,
+    dtype: torch.dtype | str = torch.bfloat16,
+    device: torch.device | str = "cpu",
+    attention_backend: str | AttentionBackend = "torch",
+    tp_rank: int = 0,
+    tp_size: int = 1,
+    tp_group: Any = None,
+) -> CausalLM:
+    """An (uninitialised) model for an HF config (PretrainedConfig, dict, config.json or dir).
+
+    ``attention_backend`` is a backend name ("torch", "flashinfer") or a ready instance.
+    Under tensor parallelism (tp_size > 1, torch.distributed initialised) each rank builds
+    its shard; weights are sliced at load time.
+    """
+    cfg = ModelConfig.from_hf(hf_config)
+    dtype = _dtype(dtype, cfg)
+    tp = TensorParallel(tp_rank, tp_size, tp_group)
+    if isinstance(attention_backend, str):
+        heads = tp.divide(cfg.num_heads, "num_attention_heads")
+        kv_heads = max(1, cfg.num_kv_heads // tp_size)
+        attention_backend = make_attention_backend(
+            attention_backend,
+            num_qo_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=cfg.head_dim,
+            dtype=dtype,
+            device=device,
+        )
+    return CausalLM(cfg, attention_backend, tp, dtype, device)
+
+
+def load_weights(model: CausalLM, path_or_dummy: str | Path, *, seed: int = 0, dummy_std: float = 0.02):
+    """Weights from a HF safetensors dir, or seeded random ones ("dummy"). Returns a LoadReport."""
+    from testbed.engine.weights import load_weights as _load
+
+    return _load(model, path_or_dummy, seed=seed, dummy_std=dummy_std)
+
+
+def load_model(
+    path: str | Path,
+    dtype: torch.dtype | str = "auto",
+    device: torch.device | str = "cpu",
+    attention_backend: str | AttentionBackend = "torch",
+    tp_rank: int = 0,
+    tp_size: int = 1,
+    tp_group: Any = None,
+) -> CausalLM:
+    """build_model from ``path``/config.json, then load_weights from ``path``."""
+    model = build_model(path, dtype, device, attention_backend, tp_rank, tp_size, tp_group)
+    load_weights(model, path)
+    return model

@@ -1,0 +1,132 @@
+"""Pre-norm decoder layer and the causal LM around a stack of them."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import torch
+import torch.nn as nn
+
+from testbed.engine.attention.base import AttentionBackend
+from testbed.engine.attention.kv_pool import KVPool
+from testbed.engine.forward_batch import ForwardBatch
+from testbed.engine.model.attention import SelfAttention
+from testbed.engine.model.config import ModelConfig
+from testbed.engine.model.mlp import GatedMLP
+from testbed.engine.model.norm import RMSNorm
+from testbed.engine.model.parallel import ParallelLMHead, TensorParallel, VocabParallelEmbedding
+from testbed.engine.model.rotary import RotaryEmbedding
+
+__all__ = ["DecoderLayer", "CausalLM", "WeightTarget"]
+
+# (module that loads it, its shard id, the full HF shape it expects)
+WeightTarget = tuple[nn.Module, Any, tuple[int, ...]]
+
+
+class DecoderLayer(nn.Module):
+    """h = x + attn(norm(x)); out = h + mlp(norm(h))."""
+
+    def __init__(self, cfg: ModelConfig, layer_id: int, tp: TensorParallel, dtype, device) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        self.self_attn = SelfAttention(cfg, layer_id, tp, dtype, device)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, tp, dtype, device)
+
+    def forward(self, x, rope, fb: ForwardBatch, backend: AttentionBackend) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, fb, backend)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class CausalLM(nn.Module):
+    """Decoder-only LM over the paged KV cache. ``forward(fb)`` -> float32 logits [B, vocab]
+    of each request's last new token."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        backend: AttentionBackend,
+        tp: TensorParallel,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        super().__init__()
+        self.config, self.tp, self.dtype, self.device = cfg, tp, dtype, torch.device(device)
+        self.attn_backend = backend
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp, dtype, device)
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, device)
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, i, tp, dtype, device) for i in range(cfg.num_layers)
+        )
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        self.lm_head = ParallelLMHead(self.embed_tokens, cfg.tie_word_embeddings, dtype, device)
+
+    # --- KV cache -------------------------------------------------------------------
+    @property
+    def num_kv_heads_local(self) -> int:
+        return self.layers[0].self_attn.num_kv_heads
+
+    def kv_bytes_per_slot(self, dtype: torch.dtype | None = None) -> int:
+        return KVPool.bytes_per_slot(
+            self.config.num_layers, self.num_kv_heads_local, self.config.head_dim, dtype or self.dtype
+        )
+
+    def create_kv_pool(self, num_slots: int, page_size: int = 1, dtype: torch.dtype | None = None) -> KVPool:
+        """A KV pool shaped for this model (and TP rank), attached to its attention backend."""
+        pool = KVPool(
+            self.config.num_layers, num_slots, self.num_kv_heads_local, self.config.head_dim,
+            dtype or self.dtype, self.device, page_size,
+        )
+        self.attach_kv_pool(pool)
+        return pool
+
+    def attach_kv_pool(self, pool: KVPool) -> None:
+        if pool.num_layers != self.config.num_layers:
+            raise ValueError(f"KV pool has {pool.num_layers} layers, model has {self.config.num_layers}")
+        self.attn_backend.attach_kv_pool(pool)
+
+    # --- forward --------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(self, fb: ForwardBatch) -> torch.Tensor:
+        self.attn_backend.prepare(fb)
+        rope = self.rotary(fb.positions)
+        x = self.embed_tokens(fb.input_ids)
+        for layer in self.layers:
+            x = layer(x, rope, fb, self.attn_backend)
+        x = self.norm(x[fb.last_token_index()])
+        return self.lm_head(x).float()
+
+    # --- weights --------------------------------------------------------------------
+    def weight_map(self) -> dict[str, WeightTarget]:
+        """HF checkpoint name -> (module, shard id, expected full shape)."""
+        out: dict[str, WeightTarget] = {}
+
+        def add(prefix: str, module: nn.Module, names: dict) -> None:
+            shapes = module.hf_shapes()
+            for hf_suffix, shard in names.items():
+                if shard in shapes:
+                    out[f"{prefix}.{hf_suffix}"] = (module, shard, shapes[shard])
+
+        add("model.embed_tokens", self.embed_tokens, {"weight": "weight"})
+        add("model.norm", self.norm, {"weight": "weight"})
+        add("lm_head", self.lm_head, {"weight": "weight"})
+        for i, layer in enumerate(self.layers):
+            p = f"model.layers.{i}"
+            add(f"{p}.input_layernorm", layer.input_layernorm, {"weight": "weight"})
+            add(f"{p}.post_attention_layernorm", layer.post_attention_layernorm, {"weight": "weight"})
+            attn = layer.self_attn
+            qkv = {f"{n}_proj.{k}": (n, k) for n in "qkv" for k in ("weight", "bias")}
+            add(f"{p}.self_attn", attn.qkv_proj, qkv)
+            add(f"{p}.self_attn.o_proj", attn.o_proj, {"weight": "weight", "bias": "bias"})
+            if attn.q_norm is not None:
+                add(f"{p}.self_attn.q_norm", attn.q_norm, {"weight": "weight"})
+                add(f"{p}.self_attn.k_norm", attn.k_norm, {"weight": "weight"})
+            gate_up = {f"{n}_proj.{k}": (j, k) for j, n in enumerate(("gate", "up")) for k in ("weight", "bias")}
+            add(f"{p}.mlp", layer.mlp.gate_up_proj, gate_up)
+            add(f"{p}.mlp.down_proj", layer.mlp.down_proj, {"weight": "weight", "bias": "bias"})
+        return out
+
+    def ignored_checkpoint_names(self) -> Iterator[str]:
+        """Checkpoint tensors that are fine to skip silently."""
+        if self.config.tie_word_embeddings:
+            yield "lm_head.weight"
