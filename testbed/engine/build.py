@@ -41,37 +41,62 @@ def kv_slots(cfg, model, device: torch.device) -> int:
     return CPU_DEFAULT_SLOTS
 
 
-def build_engine(cfg, spec, requests):
+def engine_device(cfg, rank: int = 0) -> torch.device:
     e = cfg.engine
-    if e.tp != 1:
-        from testbed.engine.tp_launch import build_tp_engine
-        return build_tp_engine(cfg, spec, requests)
-    device = torch.device(e.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("engine.device=cuda but no CUDA device is visible; use engine.device=cpu engine.attention=torch")
-    if device.type == "cpu" and e.attention != "torch":
+    if e.device == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("engine.device=cuda but no CUDA device is visible; "
+                             "use engine.device=cpu engine.attention=torch")
+        return torch.device("cuda", rank)
+    if e.device != "cpu":
+        raise ValueError(f"engine.device={e.device!r} is invalid; allowed: cuda, cpu")
+    if e.attention != "torch":
         raise ValueError(f"engine.attention={e.attention!r} needs a GPU; on engine.device=cpu use engine.attention=torch")
+    return torch.device("cpu")
+
+
+def load_model_for(cfg, device: torch.device, tp_rank: int = 0, tp_size: int = 1, tp_group=None):
+    """This rank's model shard with its weights (streamed from model.path, or dummy)."""
+    e = cfg.engine
     source = cfg.model.path
     if cfg.model.weights == "real" and not source:
         raise ValueError("model.weights=real needs model.path=DIR (config.json + *.safetensors); "
                          "or use model.weights=dummy")
     hf_config = read_hf_config(source) if source else read_hf_config(str(resolve_config_path(cfg.model.config_path)))
     torch.manual_seed(cfg.seed)
-    model = build_model(hf_config, _dtype(e.dtype), device, e.attention)
+    model = build_model(hf_config, _dtype(e.dtype), device, e.attention, tp_rank, tp_size, tp_group)
     report = load_weights(model, "dummy" if cfg.model.weights == "dummy" else source, seed=cfg.seed)
-    log.info("weights: %s", report)
+    log.info("rank %d weights: %s", tp_rank, report)
+    return model, report
+
+
+def build_engine(cfg, spec, requests):
+    e = cfg.engine
+    if e.tp != 1:
+        from testbed.engine.tp.launch import build_tp_engine
+        return build_tp_engine(cfg, spec, requests)
+    device = engine_device(cfg)
+    model, report = load_model_for(cfg, device)
     slots = kv_slots(cfg, model, device)
     model.create_kv_pool(slots, e.page_size)
     sched = make_scheduler(cfg, spec, slots // e.page_size)
-    from testbed.sim.build import cost_model_for
-    cost, _ = cost_model_for(cfg, spec)
-    graphs = None
-    if device.type == "cuda" and e.cuda_graph_max_bs > 0:
-        from testbed.engine.cuda_graphs import DecodeGraphs
-        graphs = DecodeGraphs(model, sched, device, e.cuda_graph_max_bs)
-    executor = EngineExecutor(model, sched, device, cost, graphs)
+    executor = make_executor(cfg, spec, model, sched, device)
     driver = RealtimeDriver(sched, executor, requests, overlap=e.overlap)
-    info = {"num_pages": slots // e.page_size, "page_size": e.page_size, "device": str(device),
-            "attention": e.attention, "weights": str(report), "cuda_graphs": graphs is not None,
-            "overlap": e.overlap, "cost_model": repr(cost)}
-    return driver, sched, info
+    return driver, sched, engine_info(cfg, sched, device, report, executor)
+
+
+def make_executor(cfg, spec, model, sched, device) -> EngineExecutor:
+    from testbed.sim.build import cost_model_for
+    cost, _ = cost_model_for(cfg, spec)  # each step's prediction, beside its measurement
+    graphs = None
+    if device.type == "cuda" and cfg.engine.cuda_graph_max_bs > 0:
+        from testbed.engine.cuda_graphs import DecodeGraphs
+        graphs = DecodeGraphs(model, device, cfg.engine.cuda_graph_max_bs)
+    return EngineExecutor(model, device, cfg.policy.max_running, sched, cost, graphs)
+
+
+def engine_info(cfg, sched, device, report, executor) -> dict:
+    e = cfg.engine
+    return {"num_pages": sched.cfg.num_pages, "page_size": e.page_size, "device": str(device), "tp": e.tp,
+            "attention": e.attention, "weights": str(report), "cuda_graphs": executor.graphs is not None,
+            "overlap": e.overlap, "cost_model": repr(executor.cost_model)}

@@ -13,13 +13,20 @@ import numpy as np
 import torch
 
 from testbed.core import BatchPlan, StepResult
-from testbed.engine.batch_builder import build_host_batch
+from testbed.engine.batch_builder import HostBatch, build_host_batch
 from testbed.engine.sampling import SamplingTensors, sample
+
+
+def sampling_lists(plan: BatchPlan, hb: HostBatch) -> tuple:
+    """Per sampling row: temperature, top_k (0 = off), top_p, seed."""
+    reqs = [plan.reqs[i] for i in hb.sample_idx]
+    return ([r.sampling.temperature for r in reqs], [max(r.sampling.top_k, 0) for r in reqs],
+            [r.sampling.top_p for r in reqs], [r.sampling.seed for r in reqs])
 
 
 @dataclass
 class StepHandle:
-    plan: BatchPlan
+    plan: BatchPlan | None  # None on tensor-parallel workers
     tokens: torch.Tensor  # host (pinned on CUDA) copy of the sampled ids
     start_event: object
     end_event: object
@@ -28,32 +35,36 @@ class StepHandle:
 
 
 class EngineExecutor:
-    def __init__(self, model, scheduler, device: torch.device, cost_model=None, graphs=None):
+    def __init__(self, model, device: torch.device, num_rows: int, scheduler=None, cost_model=None, graphs=None):
+        """num_rows: page-table rows (max running requests). scheduler: the page table
+        to build batches from (None on tensor-parallel workers, which only launch_host)."""
         self.model = model
         self.sched = scheduler
         self.device = device
         self.cuda = device.type == "cuda"
         self.cost_model = cost_model
         self.graphs = graphs  # CUDA graphs for decode batches, or None
-        rows = scheduler.page_table.table.shape[0]
-        self.last_token = torch.zeros(rows, dtype=torch.int64, device=device)
+        # the last token each page-table row sampled: a decode's input while its step is in flight
+        self.last_token = torch.zeros(num_rows, dtype=torch.int64, device=device)
 
     def launch(self, plan: BatchPlan) -> StepHandle:
         t_launch = time.perf_counter()
         hb = build_host_batch(plan, self.sched.page_table.table, self.sched.page_size)
         predicted = (self.cost_model.step_time(plan.extend_lens, plan.cached_lens)
                      if self.cost_model is not None else None)
+        return self.launch_host(hb, sampling_lists(plan, hb), plan, predicted, t_launch)
+
+    def launch_host(self, hb: HostBatch, sampling: tuple, plan: BatchPlan | None = None,
+                    predicted: float | None = None, t_launch: float | None = None) -> StepHandle:
+        """Run a prepared batch (what tensor-parallel workers receive from rank 0)."""
+        t_launch = time.perf_counter() if t_launch is None else t_launch
         nb = self.cuda
         fb = hb.fb.to(self.device, non_blocking=nb) if self.cuda else hb.fb
         if len(hb.pending_at):
             at = torch.from_numpy(hb.pending_at).to(self.device, non_blocking=nb)
             rows = torch.from_numpy(hb.pending_rows).to(self.device, non_blocking=nb)
             fb.input_ids[at] = self.last_token[rows]
-        reqs = [plan.reqs[i] for i in hb.sample_idx]
-        params = SamplingTensors.build(
-            [r.sampling.temperature for r in reqs], [max(r.sampling.top_k, 0) for r in reqs],
-            [r.sampling.top_p for r in reqs], [r.sampling.seed for r in reqs], hb.sample_steps.tolist(),
-            device=self.device)
+        params = SamplingTensors.build(*sampling, hb.sample_steps.tolist(), device=self.device)
         start = end = None
         if self.cuda:
             start = torch.cuda.Event(enable_timing=True)

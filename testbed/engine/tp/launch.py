@@ -1,0 +1,161 @@
+"""Start the tensor-parallel ranks (rank 0 is this process), and stop them all on the way
+out: normally, on an error, on Ctrl-C, or when a rank dies (the run then ends with an
+error naming it; no rank is left behind)."""
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import socket
+import threading
+import time
+
+import torch
+
+from testbed.assemble import make_scheduler
+from testbed.engine.batch_builder import build_host_batch
+from testbed.engine.build import engine_device, engine_info, kv_slots, load_model_for, make_executor
+from testbed.engine.driver import RealtimeDriver
+from testbed.engine.executor import sampling_lists
+from testbed.engine.tp.messages import check_same_plan
+from testbed.engine.tp.worker import agree_kv_slots, init_group, share_cpu, worker_main
+
+log = logging.getLogger(__name__)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RankSupervisor:
+    """Owns the worker processes; a watchdog ends the run if one dies while rank 0 is
+    blocked in a collective that would otherwise wait for it."""
+
+    def __init__(self, procs, grace_s: float = 15.0):
+        self.procs = procs  # rank -> Process
+        self.grace_s = grace_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def dead(self) -> list[str]:
+        return [f"rank {r} exited with code {p.exitcode}" for r, p in self.procs.items()
+                if p.exitcode is not None and p.exitcode != 0]
+
+    def _watch(self) -> None:
+        first_seen = None
+        while not self._stop.wait(0.5):
+            if self.dead():
+                first_seen = first_seen or time.monotonic()
+                if time.monotonic() - first_seen > self.grace_s:  # rank 0 is stuck: end it all
+                    log.error("tensor parallel: %s; stopping", "; ".join(self.dead()))
+                    self.terminate()
+                    os._exit(1)
+
+    def terminate(self) -> None:
+        for p in self.procs.values():
+            if p.is_alive():
+                p.terminate()
+        for p in self.procs.values():
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+    def close(self, timeout: float = 30.0) -> None:
+        self._stop.set()
+        deadline = time.monotonic() + timeout
+        for p in self.procs.values():
+            p.join(max(0.0, deadline - time.monotonic()))
+        self.terminate()
+
+
+class TPExecutor:
+    """Rank 0's executor: broadcast the prepared step, then run it locally like every rank."""
+
+    def __init__(self, local, msg_group, supervisor: RankSupervisor, debug_hash: bool):
+        self.local = local
+        self.msg_group = msg_group
+        self.sup = supervisor
+        self.debug_hash = debug_hash
+        self.cuda = local.cuda
+        self.cost_model = local.cost_model
+        self.graphs = local.graphs
+        self._closed = False
+
+    def _send(self, obj) -> None:
+        import torch.distributed as dist
+        try:
+            dist.broadcast_object_list([obj], src=0, group=self.msg_group)
+        except Exception as e:
+            raise RuntimeError(f"tensor parallel: {'; '.join(self.sup.dead()) or e}") from None
+
+    def launch(self, plan):
+        t = time.perf_counter()
+        sched = self.local.sched
+        hb = build_host_batch(plan, sched.page_table.table, sched.page_size)
+        sampling = sampling_lists(plan, hb)
+        self._send((hb, sampling))
+        if self.debug_hash:
+            check_same_plan(hb, self.msg_group, 0)
+        predicted = self.cost_model.step_time(plan.extend_lens, plan.cached_lens) if self.cost_model else None
+        try:
+            return self.local.launch_host(hb, sampling, plan, predicted, t)
+        except Exception as e:
+            dead = self.sup.dead()
+            if dead:
+                raise RuntimeError(f"tensor parallel: {'; '.join(dead)}") from None
+            raise
+
+    def collect(self, handle):
+        return self.local.collect(handle)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if not self.sup.dead():
+            try:
+                self._send(None)
+            except RuntimeError:
+                pass
+        self.sup.close()
+        import torch.distributed as dist
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def build_tp_engine(cfg, spec, requests):
+    e = cfg.engine
+    world = e.tp
+    device = engine_device(cfg, 0)
+    if device.type == "cuda":
+        if torch.cuda.device_count() < world:
+            raise ValueError(f"engine.tp={world} needs {world} GPUs, {torch.cuda.device_count()} visible")
+        torch.cuda.set_device(device)
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    else:
+        share_cpu(world)
+    port = _free_port()
+    ctx = mp.get_context("spawn")
+    procs = {r: ctx.Process(target=worker_main, args=(r, world, port, cfg), daemon=True, name=f"tp-rank-{r}")
+             for r in range(1, world)}
+    for p in procs.values():
+        p.start()
+    sup = RankSupervisor(procs)
+    try:
+        group, msg_group = init_group(0, world, port, device.type == "cuda")
+        model, report = load_model_for(cfg, device, 0, world, group)
+        slots = agree_kv_slots(kv_slots(cfg, model, device), msg_group)
+        model.create_kv_pool(slots, e.page_size)
+        sched = make_scheduler(cfg, spec, slots // e.page_size)
+        local = make_executor(cfg, spec, model, sched, device)
+    except BaseException:
+        sup.terminate()
+        raise
+    executor = TPExecutor(local, msg_group, sup, e.debug_plan_hash)
+    driver = RealtimeDriver(sched, executor, requests, overlap=e.overlap)
+    driver.close = executor.close
+    return driver, sched, engine_info(cfg, sched, device, report, executor)
