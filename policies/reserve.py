@@ -42,9 +42,10 @@ class EstimateReserve(FullReserve):
 
     def running_pages(self, view) -> int:
         p = view.page_size
-        prompt_left = sum(max(0, r.device_len - r.num_pages * p) for r in view.running)
+        # the known tokens in full, each request rounded up to its own pages; a share of the rest
+        known = sum(max(0, pages_for(r.device_len, p) - r.num_pages) for r in view.running)
         output_left = sum(r.max_len - 1 - r.device_len for r in view.running)
-        return pages_for(prompt_left + int(self.ratio * output_left), p)
+        return known + pages_for(int(self.ratio * output_left), p)
 
 
 def make_reserve(cfg):
