@@ -78,20 +78,34 @@ def build_engine(cfg, spec, requests):
     device = engine_device(cfg)
     model, report = load_model_for(cfg, device)
     slots = kv_slots(cfg, model, device)
-    model.create_kv_pool(slots, e.page_size)
+    create_pool(model, slots, e.page_size)
     sched = make_scheduler(cfg, spec, slots // e.page_size)
     executor = make_executor(cfg, spec, model, sched, device)
     driver = RealtimeDriver(sched, executor, requests, overlap=e.overlap)
     return driver, sched, engine_info(cfg, sched, device, report, executor)
 
 
+def create_pool(model, slots: int, page_size: int) -> None:
+    """The KV pool: the scheduler's pages plus one scratch page (padding rows of CUDA
+    graphs write there; the scheduler never hands it out)."""
+    model.create_kv_pool(slots + page_size, page_size)
+
+
+def make_graphs(cfg, model, device, num_pages: int, max_context: int):
+    """Decode CUDA graphs, or None (CPU, or engine.cuda_graph_max_bs=0). Every TP rank
+    captures the same sizes, so padded batches agree across ranks."""
+    if device.type != "cuda" or cfg.engine.cuda_graph_max_bs <= 0:
+        return None
+    from testbed.engine.cuda_graphs import DecodeGraphs
+    max_bs = min(cfg.engine.cuda_graph_max_bs, cfg.policy.max_running)
+    return DecodeGraphs(model, device, max_bs, scratch_page=num_pages,
+                        max_pages_per_req=-(-max_context // cfg.engine.page_size))
+
+
 def make_executor(cfg, spec, model, sched, device) -> EngineExecutor:
     from testbed.sim.build import cost_model_for
     cost, _ = cost_model_for(cfg, spec)  # each step's prediction, beside its measurement
-    graphs = None
-    if device.type == "cuda" and cfg.engine.cuda_graph_max_bs > 0:
-        from testbed.engine.cuda_graphs import DecodeGraphs
-        graphs = DecodeGraphs(model, device, cfg.engine.cuda_graph_max_bs)
+    graphs = make_graphs(cfg, model, device, sched.cfg.num_pages, spec.max_context)
     return EngineExecutor(model, device, cfg.policy.max_running, sched, cost, graphs)
 
 

@@ -52,6 +52,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         self.workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=self.device)
         # One workspace for both: only one of the two wrappers runs in a step.
         self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, kv_layout="NHD")
+        self._tensor_cores = decode_use_tensor_cores
         self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             self.workspace, kv_layout="NHD", use_tensor_cores=decode_use_tensor_cores
         )
@@ -67,20 +68,39 @@ class FlashInferAttentionBackend(AttentionBackend):
         page_indptr, page_ids, last_page_len = paged_kv_layout(
             fb.host_kv_indptr(), fb.kv_indices.to(self.device), fb.page_size
         )
-        heads = (self.num_qo_heads, self.num_kv_heads, self.head_dim, fb.page_size)
-        options = dict(sm_scale=self.sm_scale, q_data_type=self.dtype, kv_data_type=pool.dtype)
         if fb.is_decode:
-            # plan(indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size)
-            self._decode.plan(page_indptr, page_ids, last_page_len, *heads, **options)
-            self._wrapper = self._decode
+            self.plan_decode(self._decode, page_indptr, page_ids, last_page_len, fb.page_size)
         else:
             # plan(qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len,
             #      num_qo_heads, num_kv_heads, head_dim_qk, page_size, causal=...)
             qo_indptr = fb.host_qo_indptr().int()
             self._prefill.plan(
-                qo_indptr, page_indptr, page_ids, last_page_len, *heads, causal=True, **options
+                qo_indptr, page_indptr, page_ids, last_page_len,
+                self.num_qo_heads, self.num_kv_heads, self.head_dim, fb.page_size, causal=True,
+                **self._options(),
             )
             self._wrapper = self._prefill
+
+    def _options(self) -> dict:
+        return dict(sm_scale=self.sm_scale, q_data_type=self.dtype, kv_data_type=self._pool().dtype)
+
+    def plan_decode(self, wrapper, page_indptr, page_ids, last_page_len, page_size: int) -> None:
+        """Plan a decode wrapper (the step's own, or a CUDA graph's) and use it for this step."""
+        # plan(indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size)
+        wrapper.plan(page_indptr, page_ids, last_page_len, self.num_qo_heads, self.num_kv_heads,
+                     self.head_dim, page_size, **self._options())
+        self._wrapper = wrapper
+
+    def graph_decode_wrapper(self, batch_size: int, indices_buffer: torch.Tensor):
+        """A decode wrapper whose metadata lives in fixed buffers, for one captured batch size."""
+        import flashinfer
+
+        return flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            self.workspace, kv_layout="NHD", use_cuda_graph=True, use_tensor_cores=self._tensor_cores,
+            paged_kv_indptr_buffer=torch.empty(batch_size + 1, dtype=torch.int32, device=self.device),
+            paged_kv_indices_buffer=indices_buffer,
+            paged_kv_last_page_len_buffer=torch.empty(batch_size, dtype=torch.int32, device=self.device),
+        )
 
     def forward(
         self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fb: ForwardBatch

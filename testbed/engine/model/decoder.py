@@ -89,6 +89,11 @@ class CausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         self.attn_backend.prepare(fb)
+        return self.forward_prepared(fb)
+
+    @torch.inference_mode()
+    def forward_prepared(self, fb: ForwardBatch) -> torch.Tensor:
+        """The layers alone, after the backend was prepared: what a CUDA graph captures."""
         rope = self.rotary(fb.positions)
         x = self.embed_tokens(fb.input_ids)
         for layer in self.layers:

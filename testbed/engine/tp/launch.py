@@ -14,7 +14,7 @@ import torch
 
 from testbed.assemble import make_scheduler
 from testbed.engine.batch_builder import build_host_batch
-from testbed.engine.build import engine_device, engine_info, kv_slots, load_model_for, make_executor
+from testbed.engine.build import create_pool, engine_device, engine_info, kv_slots, load_model_for, make_executor
 from testbed.engine.driver import RealtimeDriver
 from testbed.engine.executor import sampling_lists
 from testbed.engine.tp.messages import check_same_plan
@@ -149,7 +149,7 @@ def build_tp_engine(cfg, spec, requests):
         group, msg_group = init_group(0, world, port, device.type == "cuda")
         model, report = load_model_for(cfg, device, 0, world, group)
         slots = agree_kv_slots(kv_slots(cfg, model, device), msg_group)
-        model.create_kv_pool(slots, e.page_size)
+        create_pool(model, slots, e.page_size)
         sched = make_scheduler(cfg, spec, slots // e.page_size)
         local = make_executor(cfg, spec, model, sched, device)
     except BaseException:
