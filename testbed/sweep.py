@@ -1,45 +1,93 @@
-"""Hydra callback: after a multirun, one combined table of every job's metrics and
-overrides (sweep.parquet and sweep.csv in the sweep directory)."""
+"""Sweeps: the Hydra callback that combines a multirun, and an entry point for sweepers
+that optimise (Optuna).
+
+- `CombineSweep` (conf/config.yaml's hydra.callbacks): after a multirun, one table of every
+  job's overrides and metrics, sweep.parquet and sweep.csv in the sweep directory. Jobs that
+  cannot be read are named and skipped. The reading is analysis.load's, the one
+  implementation `python -m testbed.report` uses as well.
+- `python -m testbed.sweep ...`: the same run as `python -m testbed.run`, but the task returns
+  one metric of the run's summary (default `goodput`; `+objective=p99_ttft_ms` picks another),
+  which is what an optimising sweeper needs:
+
+      python -m testbed.sweep -m +sweep=optuna_token_budget          # conf/sweep/optuna_token_budget.yaml
+"""
 from __future__ import annotations
 
-import json
 import logging
+import math
+import sys
 from pathlib import Path
 
+import hydra
 from hydra.experimental.callback import Callback
 
 log = logging.getLogger(__name__)
 
 
 def combine(sweep_dir: str | Path):
-    """Rows: one per job directory holding a summary.json; broken jobs are named and skipped."""
-    import pandas as pd
-    rows, broken = [], []
-    for summary in sorted(Path(sweep_dir).glob("*/summary.json")):
-        job = summary.parent
-        try:
-            s = json.loads(summary.read_text())
-            overrides = (job / ".hydra" / "overrides.yaml")
-            ov = {}
-            if overrides.exists():
-                for line in overrides.read_text().splitlines():
-                    item = line.lstrip("- ").strip().strip("'\"")
-                    if "=" in item:
-                        k, v = item.split("=", 1)
-                        ov[k] = v
-            rows.append({"job": job.name, **ov, "complete": s.get("complete"), **s["metrics"]})
-        except (OSError, ValueError, KeyError) as e:
-            broken.append(f"{job.name}: {e}")
-    return pd.DataFrame(rows), broken
+    """(table, skipped): a row per readable job (job, overrides, complete, metrics) and
+    "job: reason" for each job that was skipped."""
+    from analysis.load import LoadError, load_summaries
+    try:
+        return load_summaries(sweep_dir)
+    except LoadError as e:
+        import pandas as pd
+        return pd.DataFrame(), [str(e)]
+
+
+def write_table(summaries, directory: str | Path) -> Path:
+    """sweep.parquet and sweep.csv of a combined table; returns the Parquet path."""
+    from analysis.load import table
+    directory = Path(directory)
+    t = table(summaries.drop(columns=["path"], errors="ignore"))
+    t.to_parquet(directory / "sweep.parquet")
+    t.to_csv(directory / "sweep.csv", index=False)
+    return directory / "sweep.parquet"
 
 
 class CombineSweep(Callback):
     def on_multirun_end(self, config, **kwargs) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        df, broken = combine(sweep_dir)
-        for b in broken:
-            log.warning("skipped broken job %s", b)
+        df, skipped = combine(sweep_dir)
+        for s in skipped:
+            log.warning("skipped job %s", s)
         if len(df):
-            df.to_parquet(sweep_dir / "sweep.parquet")
-            df.to_csv(sweep_dir / "sweep.csv", index=False)
-            print(f"combined {len(df)} jobs into {sweep_dir}/sweep.parquet")
+            path = write_table(df, sweep_dir)
+            print(f"combined {len(df)} jobs into {path}" + (f" ({len(skipped)} skipped)" if skipped else ""))
+
+
+# ---- an objective for optimising sweepers --------------------------------------------------------
+from testbed.config import register_schema  # noqa: E402
+
+CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+register_schema()
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
+def optimize(dcfg) -> float:
+    """Run one configuration and return summary.metrics[objective] (a float for the sweeper)."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf, open_dict
+
+    from testbed.config import ConfigError
+    from testbed.run import run
+    with open_dict(dcfg):
+        objective = str(dcfg.pop("objective", "goodput"))
+    cfg = OmegaConf.to_object(dcfg)
+    try:
+        summary = run(cfg, HydraConfig.get().runtime.output_dir)
+    except (ConfigError, ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    value = summary["metrics"].get(objective)
+    if value is None:
+        hint = " (goodput needs slo.ttft_ms and/or slo.tpot_ms)" if objective in ("goodput", "slo_attainment") else ""
+        raise ValueError(f"objective {objective!r} is not among the run's metrics{hint}; "
+                         f"known: {', '.join(summary['metrics'])}")
+    value = float(value)
+    log.info("objective %s = %s", objective, value)
+    return value if math.isfinite(value) else float("nan")
+
+
+if __name__ == "__main__":
+    optimize()

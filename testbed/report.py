@@ -1,0 +1,157 @@
+"""`python -m testbed.report DIR`: the table and plots of a run or a sweep.
+
+DIR is one run directory (outputs/<date>/<time>) or a multirun directory (any depth). Prints
+a row per job (its varying overrides, throughput, latency percentiles, goodput, prefix hits,
+preemptions), writes sweep.parquet / sweep.csv and PNG plots into DIR:
+
+  latency_cdf.png  TTFT / TPOT / E2E CDFs, a line per job
+  load.png         latency and goodput against load, a line per policy (sweeps over a load knob)
+  gantt.png        a dozen neighbouring requests of one job: queued, prefill, decode
+  kv.png           that job's KV pool, batch mix and queue lengths over time
+
+Jobs that cannot be read are named and skipped. SLOs given here (--slo-ttft-ms / --slo-tpot-ms)
+recompute goodput for every job, whatever the runs were started with."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+LOAD_KEYS = ("trace.rate", "trace.time_scale", "offered_rate")
+TABLE = [  # (column, header, format)
+    ("completed", "done", "{:.0f}"), ("request_throughput", "req/s", "{:.2f}"),
+    ("output_throughput", "out tok/s", "{:,.0f}"), ("median_ttft_ms", "TTFT p50", "{:,.1f}"),
+    ("p99_ttft_ms", "TTFT p99", "{:,.1f}"), ("median_tpot_ms", "TPOT p50", "{:.2f}"),
+    ("p99_tpot_ms", "TPOT p99", "{:.2f}"), ("p99_e2e_latency_ms", "E2E p99", "{:,.0f}"),
+    ("mean_queue_ms", "queue mean", "{:,.1f}"), ("goodput", "goodput", "{:.2f}"),
+    ("slo_attainment", "SLO", "{:.1%}"), ("prefix_cache_hit_rate", "hits", "{:.1%}"),
+    ("preemptions", "preempt", "{:.0f}"),
+]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m testbed.report", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dir", help="a run directory or a multirun (sweep) directory")
+    p.add_argument("--slo-ttft-ms", type=float, default=None, help="TTFT SLO for goodput (ms)")
+    p.add_argument("--slo-tpot-ms", type=float, default=None, help="TPOT SLO for goodput (ms)")
+    p.add_argument("--x", default=None, help="load axis of load.png (default: trace.rate, trace.time_scale, "
+                                             "else the measured offered rate)")
+    p.add_argument("--by", default=None, help="line per value of this key in load.png (default: the other "
+                                              "varying keys)")
+    p.add_argument("--job", default=None, help="job drawn in gantt.png and kv.png (default: highest p99 TTFT)")
+    p.add_argument("--no-plots", action="store_true", help="print and write sweep.parquet only")
+    p.add_argument("--include-partial", action="store_true", help="keep runs marked complete: false")
+    return p.parse_args(argv)
+
+
+def format_table(summaries, keys: list[str]) -> str:
+    import pandas as pd
+    cols = [c for c, _, _ in TABLE if c in summaries and summaries[c].notna().any()]
+    out = pd.DataFrame(index=summaries.index)
+    for k in keys:
+        out[k.split(".")[-1] if k.split(".")[-1] not in out else k] = summaries[k].map(_fmt)
+    if not keys:
+        out["job"] = summaries["job"]
+    for c, head, fmt in TABLE:
+        if c in cols:
+            out[head] = summaries[c].map(lambda v, f=fmt: "-" if v is None or v != v else f.format(v))
+    return out.to_string(index=False)
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v)
+
+
+def with_slo(results, ttft_ms, tpot_ms):
+    """Recompute goodput / SLO attainment per job for the given SLOs."""
+    from analysis.metrics import summarize_groups
+    g = summarize_groups(results.requests, None, "job", ttft_ms, tpot_ms)[["job", "goodput", "slo_attainment"]]
+    s = results.summaries.drop(columns=["goodput", "slo_attainment"], errors="ignore")
+    return s.merge(g, on="job", how="left")
+
+
+def choose_x(summaries, varying: list[str], x: str | None) -> str | None:
+    if x:
+        if x not in summaries:
+            raise ValueError(f"--x {x}: no such column; known: {', '.join(map(str, summaries.columns))}")
+        return x
+    for k in LOAD_KEYS:
+        if k in varying:
+            return k
+    numeric = [k for k in varying if summaries[k].map(lambda v: isinstance(v, (int, float))).all()]
+    return numeric[0] if numeric else None
+
+
+def plots(results, summaries, args, out: Path) -> list[Path]:
+    from analysis import plots as P
+    from analysis.load import job_labels, load
+    written = []
+    varying = results.varying()
+    labels = job_labels(summaries, varying)
+    reqs = results.requests
+    slo = [f"TTFT <= {args.slo_ttft_ms:g} ms" if args.slo_ttft_ms else None,
+           f"TPOT <= {args.slo_tpot_ms:g} ms" if args.slo_tpot_ms else None]
+    slo = ", ".join(s for s in slo if s)
+    x = choose_x(summaries, varying, args.x)
+    if len(varying) == 2 and x in varying:  # colour per the other key, dashes per load
+        by, style = [k for k in varying if k != x], x
+    else:
+        by, style = (varying or ["job"]), None
+    written.append(P.save(P.latency_cdfs(reqs, by=by, style=style, title=f"latency CDFs: {results.root.name}"),
+                          out / "latency_cdf.png"))
+    if x is not None and summaries[x].nunique() > 1:
+        by = [args.by] if args.by else [k for k in varying if k != x]
+        fig = P.load_curves(summaries, x=x, by=by or "backend",
+                            title="latency and goodput against load" + (f" (SLO {slo})" if slo else ""))
+        written.append(P.save(fig, out / "load.png"))
+    job = args.job
+    if job is None:
+        job = summaries.sort_values("p99_ttft_ms", ascending=False, na_position="last")["job"].iloc[0]
+    label = labels[summaries["job"] == job].iloc[0]
+    one = results.job(job)
+    written.append(P.save(P.gantt(one.requests, title=f"request timelines: {label}"), out / "gantt.png"))
+    path = Path(summaries.loc[summaries["job"] == job, "path"].iloc[0])
+    steps = load(path, requests=False, steps=True, include_partial=True, warn=False).steps
+    written.append(P.save(P.kv_timeline(steps, title=f"KV cache and batches over time: {label}"), out / "kv.png"))
+    return written
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from analysis.load import LoadError, load
+    from testbed.sweep import write_table
+    try:
+        results = load(args.dir, requests=True, steps=False, include_partial=args.include_partial, warn=False)
+    except (LoadError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out = Path(args.dir)
+    summaries = results.summaries
+    if args.job is not None and args.job not in set(summaries["job"]):
+        print(f"error: --job {args.job}: no such job; jobs: {', '.join(summaries['job'])}", file=sys.stderr)
+        return 2
+    if args.slo_ttft_ms is not None or args.slo_tpot_ms is not None:
+        summaries = with_slo(results, args.slo_ttft_ms, args.slo_tpot_ms)
+    for s in results.skipped:
+        print(f"skipped {s}")
+    keys = results.varying() or [k for k in results.keys if k in summaries and k not in ("backend", "model",
+                                                                                           "hardware", "cache")]
+    print(f"{len(summaries)} job{'s' if len(summaries) != 1 else ''} in {out}"
+          + (f" ({len(results.skipped)} skipped)" if results.skipped else ""))
+    print(format_table(summaries, keys))
+    try:
+        written = [write_table(summaries, out)]
+        if not args.no_plots:
+            written += plots(results, summaries, args, out)
+    except (ValueError, KeyError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print("written: " + ", ".join(str(p.name) for p in written) + f" in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

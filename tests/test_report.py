@@ -1,0 +1,83 @@
+"""`python -m testbed.report DIR` end to end on a real (small) sweep and a single run."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def report(*args):
+    return subprocess.run([sys.executable, "-m", "testbed.report", *map(str, args)], cwd=REPO,
+                          capture_output=True, text=True, timeout=180)
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory) -> Path:
+    from analysis import run_sweep
+    d = tmp_path_factory.mktemp("report") / "sw"
+    run_sweep({"policy": ["decode_first", "chunked"], "trace.rate": [4, 16]}, fixed=["trace.num_requests=100"],
+              sweep_dir=d)
+    broken = d / "4_policy=chunked,trace.rate=32"  # a job that died: Hydra's files only
+    (broken / ".hydra").mkdir(parents=True)
+    (broken / ".hydra" / "overrides.yaml").write_text("- policy=chunked\n- trace.rate=32\n")
+    (d / "sweep.parquet").unlink()  # written again by the report
+    return d
+
+
+def test_report_on_a_sweep(sweep):
+    p = report(sweep, "--slo-ttft-ms", 500, "--slo-tpot-ms", 30)
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    assert "4 jobs in" in out and "(1 skipped)" in out
+    assert "skipped 4_policy=chunked,trace.rate=32: no summary.json" in out
+    header = next(line for line in out.splitlines() if "TTFT p99" in line)
+    for col in ("rate", "policy", "req/s", "TTFT p50", "TPOT p99", "goodput", "SLO"):
+        assert col in header
+    assert out.count("decode_first") == 2 and out.count("chunked") >= 2
+    for f in ("latency_cdf.png", "load.png", "gantt.png", "kv.png"):
+        assert (sweep / f).read_bytes()[:8] == PNG, f
+    t = pd.read_parquet(sweep / "sweep.parquet")
+    assert len(t) == 4 and {"policy", "trace.rate", "goodput", "slo_attainment", "p99_ttft_ms"} <= set(t.columns)
+    assert (t["goodput"] <= t["request_throughput"] + 1e-9).all()
+    assert (sweep / "sweep.csv").exists()
+
+
+def test_report_on_one_run(sweep, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(next(p for p in sorted(sweep.iterdir()) if (p / "summary.json").exists()), run)
+    p = report(run, "--job", run.name)
+    assert p.returncode == 0, p.stderr
+    assert "1 job in" in p.stdout and "decode_first" in p.stdout
+    assert (run / "gantt.png").exists() and (run / "kv.png").exists() and not (run / "load.png").exists()
+    assert len(pd.read_parquet(run / "sweep.parquet")) == 1
+
+
+@pytest.mark.parametrize("case", ["missing", "empty", "only_broken", "file", "bad_job_option"])
+def test_bad_dir_is_one_line_error(case, sweep, tmp_path):
+    args = []
+    if case == "missing":
+        target = tmp_path / "does-not-exist"
+    elif case == "empty":
+        target = tmp_path
+    elif case == "only_broken":
+        target = tmp_path / "sw"
+        (target / "0_x" / ".hydra").mkdir(parents=True)
+        (target / "0_x" / ".hydra" / "overrides.yaml").write_text("- policy=chunked\n")
+        (target / "1_y").mkdir()
+        (target / "1_y" / "summary.json").write_text("{not json")
+    elif case == "file":
+        target = tmp_path / "f.txt"
+        target.write_text("x")
+    else:
+        target, args = sweep, ["--job", "nope"]
+    p = report(target, *args)
+    assert p.returncode == 2
+    assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    assert p.stderr.startswith("error: ")
