@@ -23,7 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-WORKLOAD = ["trace=synthetic", "trace.num_requests=256", "trace.prompt_len_min=100", "trace.prompt_len_max=1024",
+# mini-SGLang's default policy (prefill first, 8,192 prefill tokens a step) on its workload
+WORKLOAD = ["policy=prefill_first", "trace=synthetic", "trace.num_requests=256", "trace.prompt_len_min=100", "trace.prompt_len_max=1024",
             "trace.output_len_min=100", "trace.output_len_max=1024", "trace.rate=inf", "trace.vocab_size=10000",
             "engine.ignore_eos=true", "engine.temperature=0"]
 
@@ -38,11 +39,15 @@ def compose(overrides):
 
 
 def throughput(model: str, overlap: bool, extra) -> dict:
-    from testbed.run import run
-    cfg = compose(["backend=engine", f"model={model}", "model.weights=dummy", f"engine.overlap={overlap}",
-                   "progress=false", *WORKLOAD, *extra])
+    """One `python -m testbed.run` per configuration: each gets a fresh process and GPU."""
+    import subprocess
     with tempfile.TemporaryDirectory() as d:
-        s = run(cfg, d)
+        args = [sys.executable, "-m", "testbed.run", "backend=engine", f"model={model}", "model.weights=dummy",
+                f"engine.overlap={overlap}", "progress=false", *WORKLOAD, *extra, f"hydra.run.dir={d}"]
+        p = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
+        if p.returncode != 0:
+            raise RuntimeError(f"{' '.join(args)} failed:\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
+        s = json.loads((Path(d) / "summary.json").read_text())
     m = s["metrics"]
     return {"model": model, "overlap": overlap, "output_throughput": m["output_throughput"],
             "total_token_throughput": m["total_token_throughput"], "duration_s": m["duration_s"],
@@ -50,13 +55,14 @@ def throughput(model: str, overlap: bool, extra) -> dict:
             "num_steps": m.get("num_steps"), "mean_batch_reqs": m.get("mean_batch_reqs"), "kv": s["kv"]}
 
 
-def decode_steps(model: str, batches, context: int, reps: int, extra) -> list[dict]:
+def decode_steps(model: str, batches, context: int, reps: int, extra, profile: bool = False) -> list[dict]:
     import numpy as np
     import torch
     from testbed import assemble
     from testbed.core import Request
     from testbed.engine.build import build_engine
-    cfg = compose(["backend=engine", f"model={model}", "model.weights=dummy", "engine.overlap=false",
+    # prefill_first: every prompt is prefilled before any decode, so the timed steps are pure decodes
+    cfg = compose(["backend=engine", f"model={model}", "model.weights=dummy", "engine.overlap=false", "policy=prefill_first",
                    f"policy.max_running={max(batches)}", "policy.max_prefill_tokens=16384", *extra])
     spec = assemble.model_spec(cfg)
     driver, sched, info = build_engine(cfg, spec, [])
@@ -64,7 +70,7 @@ def decode_steps(model: str, batches, context: int, reps: int, extra) -> list[di
     rows = []
     for b in batches:
         rng = np.random.default_rng(b)
-        reqs = [Request(rid=i, prompt_len=context, max_new_tokens=reps + 8, prompt_ids=rng.integers(0, min(10000, spec.vocab_size), context),
+        reqs = [Request(rid=i, prompt_len=context, max_new_tokens=reps + 16, prompt_ids=rng.integers(0, min(10000, spec.vocab_size), context),
                         ignore_eos=True) for i in range(b)]
         for r in reqs:
             sched.add_request(r, 0.0)
@@ -74,10 +80,18 @@ def decode_steps(model: str, batches, context: int, reps: int, extra) -> list[di
         times = []
         for _ in range(reps):
             plan = sched.schedule(0.0)
-            assert plan is not None and len(plan) == b and plan.total_tokens == b, "not a pure decode batch"
+            assert plan is not None and len(plan) == b and plan.total_tokens == b, \
+                f"not a pure decode batch: {len(plan) if plan else None} requests, {plan.total_tokens if plan else 0} tokens"
             res = ex.run(plan)
             sched.complete(plan, res, 0.0)
             times.append(res.duration)
+        if profile:
+            from torch.profiler import ProfilerActivity, profile as tprofile
+            with tprofile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                for _ in range(3):
+                    plan = sched.schedule(0.0)
+                    sched.complete(plan, ex.run(plan), 0.0)
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12), flush=True)
         for r in reqs:
             sched.abort(r, 0.0)
         med = statistics.median(times[2:])
@@ -88,9 +102,21 @@ def decode_steps(model: str, batches, context: int, reps: int, extra) -> list[di
                      "weight_bytes": spec.weight_bytes(), "kv_bytes": kv_bytes})
         print(f"{model} decode b={b:4d} ctx={context}: {med * 1e3:7.3f} ms (roofline {roof * 1e3:6.3f} ms, "
               f"{roof / med:5.1%})", flush=True)
-    del driver, ex
-    torch.cuda.empty_cache()
     return rows
+
+
+def decode_in_subprocess(model: str, a) -> list[dict]:
+    """Each model's decode benchmark in its own process: its KV pool takes most of the GPU."""
+    import subprocess
+    with tempfile.TemporaryDirectory() as d:
+        rows = Path(d) / "rows.json"
+        args = [sys.executable, __file__, "--models", model, "--decode-batches", a.decode_batches, "--context",
+                str(a.context), "--reps", str(a.reps), "--decode-rows-to", str(rows), *(["--profile"] if a.profile else []),
+                *a.extra]
+        p = subprocess.run(args, cwd=ROOT, text=True)
+        if p.returncode != 0:
+            raise RuntimeError(f"decode benchmark of {model} failed (exit {p.returncode})")
+        return json.loads(rows.read_text())
 
 
 def main() -> None:
@@ -102,9 +128,16 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--skip-throughput", action="store_true")
     ap.add_argument("--skip-decode", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="print a torch.profiler table of decode steps")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/engine_h200.json"))
+    ap.add_argument("--decode-rows-to", default="", help=argparse.SUPPRESS)  # internal: one model's decode rows
     ap.add_argument("extra", nargs="*", help="more Hydra overrides for every run")
     a = ap.parse_args()
+    batches = [int(b) for b in a.decode_batches.split(",")]
+    if a.decode_rows_to:
+        rows = decode_steps(a.models, batches, a.context, a.reps, a.extra, a.profile)
+        Path(a.decode_rows_to).write_text(json.dumps(rows))
+        return
     import torch
     out = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
@@ -113,7 +146,7 @@ def main() -> None:
     models = a.models.split(",")
     for model in models:
         if not a.skip_decode:
-            out["decode"] += decode_steps(model, [int(b) for b in a.decode_batches.split(",")], a.context, a.reps, a.extra)
+            out["decode"] += decode_in_subprocess(model, a)
         if not a.skip_throughput:
             for ov in a.overlap.split(","):
                 row = throughput(model, ov == "true", a.extra)

@@ -18,5 +18,5 @@ class SimExecutor:
         reqs = [r for r, s in zip(plan.reqs, plan.samples) if s]
         rid = np.fromiter((r.rid for r in reqs), np.int64, len(reqs))
         pos = np.fromiter((r.device_len for r in reqs), np.int64, len(reqs))
-        tokens = (rid * 1_000_003 + pos) % 2_000_000_000 + 1_000_000_000
+        tokens = (rid * 1_000_003 + pos) % 1_000_000_000 + 1_000_000_000  # < 2**31: int32 like prompt ids
         return StepResult(duration=duration, tokens=tokens, predicted=duration)

@@ -51,7 +51,9 @@ class FlashInferAttentionBackend(AttentionBackend):
             decode_use_tensor_cores = num_qo_heads // num_kv_heads >= 4
         self.workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=self.device)
         # One workspace for both: only one of the two wrappers runs in a step.
-        self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, kv_layout="NHD")
+        # fa2 pinned: "auto" picks fa3 on Hopper, one more kernel to compile per machine
+        # (benchmarks/... prebuilt modules: testbed/engine/attention/aot.py)
+        self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, kv_layout="NHD", backend="fa2")
         self._tensor_cores = decode_use_tensor_cores
         self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             self.workspace, kv_layout="NHD", use_tensor_cores=decode_use_tensor_cores
