@@ -15,7 +15,7 @@ class FullReserve:
     def running_pages(self, view) -> int:
         p = view.page_size
         if p == 1:
-            return sum(r.max_len - 1 - r.num_pages for r in view.running)
+            return sum(r.prompt_len + r.max_new_tokens - 1 - r.num_pages for r in view.running)
         return sum(pages_for(r.max_len - 1, p) - r.num_pages for r in view.running)
 
     def admission_pages(self, view, r, hit: int) -> int:

@@ -236,8 +236,9 @@ class _FakePagedWrapper:
 
     plans = 0
 
-    def __init__(self, float_workspace_buffer, kv_layout="NHD", use_tensor_cores=False):
+    def __init__(self, float_workspace_buffer, kv_layout="NHD", use_tensor_cores=False, backend="auto"):
         assert kv_layout == "NHD"
+        assert backend in ("auto", "fa2")  # the engine pins fa2 (the prebuilt kernels)
         self._plan = None
 
     def _check(self, indptr, indices, last_page_len, page_size):

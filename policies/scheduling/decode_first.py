@@ -17,12 +17,16 @@ class DecodeFirst(Policy):
         plan = BatchPlan()
         budget = self.step_budget()
         prefilling = []
-        for r in view.running:
-            if r.in_prefill:
+        decodes = []
+        for r in view.running:  # the hot loop of every step: plain attributes, no helpers
+            if r.device_len - r.cached_len > 1:
                 prefilling.append(r)
-            elif budget > 0:
-                plan.add(r, 1)
-                budget -= 1
+            else:
+                decodes.append(r)
+        decodes = decodes[:budget]
+        plan.reqs.extend(decodes)
+        plan.num_tokens.extend([1] * len(decodes))
+        budget -= len(decodes)
         for r in prefilling:
             if budget <= 0:
                 break

@@ -83,6 +83,8 @@ class Request:
     inflight: int = 0  # steps in flight that touch this request
     admit_seq: int = -1  # order of (re)admission; default preemption victim is the largest
     aborted: bool = False  # abort asked while a step was in flight
+    queued: bool = False  # in the scheduler's waiting queue
+    plan_stamp: int = -1  # last step whose plan named it (duplicate check)
 
     def __post_init__(self):
         if self.prompt_ids is not None:

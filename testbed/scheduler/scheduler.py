@@ -68,6 +68,8 @@ class Scheduler:
         row_len = -(-cfg.max_context // cfg.page_size) * cfg.page_size
         self.page_table = PageTable(max_running, row_len)
         self.waiting: list[Request] = []  # sorted by (arrival, rid)
+        self._row_owner: list[Request | None] = [None] * max_running  # page-table row -> running request
+        self._stamp = 0
         self.running: list[Request] = []  # admission order
         self.done: list[Request] = []  # terminal, in the order they ended
         self._held: list[Request] = []  # terminal but KV still held by a step in flight
@@ -102,18 +104,23 @@ class Scheduler:
         return None
 
     def _enqueue(self, r: Request) -> None:
+        r.queued = True
         if not self.waiting or (self.waiting[-1].arrival, self.waiting[-1].rid) <= (r.arrival, r.rid):
             self.waiting.append(r)
         else:
             keys = [(w.arrival, w.rid) for w in self.waiting]
             self.waiting.insert(bisect.bisect(keys, (r.arrival, r.rid)), r)
 
+    def _dequeue(self, r: Request) -> None:
+        self.waiting.remove(r)
+        r.queued = False
+
     def abort(self, r: Request, now: float) -> None:
         """Abort at any time; KV is freed once no step in flight uses it."""
         if r.is_done:
             return
         if r.state in (RequestState.WAITING, RequestState.PREEMPTED):
-            self.waiting.remove(r)
+            self._dequeue(r)
         elif r.state == RequestState.RUNNING:
             self.running.remove(r)
         self._end(r, RequestState.ABORTED, "abort", now)
@@ -127,8 +134,13 @@ class Scheduler:
 
     # ---- one step ---------------------------------------------------------------------
     def view(self, now: float) -> SchedulerView:
-        running = tuple(r for r in self.running if r.device_len < r.max_len)
-        return SchedulerView(now, self.step_id, tuple(self.waiting), running, self.page_size,
+        # Only with a step in flight can a running request have all its tokens scheduled
+        # (its last one pending); the queues are handed over as they are, not copied:
+        # policies must treat them as read-only.
+        running = self.running
+        if self.inflight_steps:
+            running = [r for r in running if r.device_len < r.prompt_len + r.max_new_tokens]
+        return SchedulerView(now, self.step_id, self.waiting, running, self.page_size,
                              self.cfg.num_pages, self.allocator.free_pages, self.cache.evictable_pages,
                              self.num_preemptions, self.cache.peek_cost)
 
@@ -150,27 +162,30 @@ class Scheduler:
         return plan
 
     def _validate(self, plan: BatchPlan, view: SchedulerView) -> None:
-        if len(plan.num_tokens) != len(plan.reqs):
+        """Checks cost O(plan): membership by state and page-table row, not by scanning queues."""
+        reqs, ntoks = plan.reqs, plan.num_tokens
+        if len(ntoks) != len(reqs):
             raise PlanError("plan.reqs and plan.num_tokens differ in length")
-        seen = set()
-        running = {id(r) for r in view.running}
-        waiting = {id(r) for r in view.waiting}
-        for r, n in zip(plan.reqs, plan.num_tokens):
-            if id(r) in seen:
+        owner = self._row_owner
+        RUNNING = RequestState.RUNNING
+        self._stamp += 1  # a fresh mark for each plan checked (plans may come to nothing)
+        stamp = self._stamp
+        for r, n in zip(reqs, ntoks):
+            if r.plan_stamp == stamp:
                 raise PlanError(f"request {r.rid} appears twice in the plan")
-            seen.add(id(r))
-            if id(r) in running:
-                if not (1 <= n <= r.extend_len):
+            r.plan_stamp = stamp
+            if r.state is RUNNING and r.slot >= 0 and owner[r.slot] is r:
+                if not (1 <= n <= r.device_len - r.cached_len) or r.device_len >= r.prompt_len + r.max_new_tokens:
                     raise PlanError(f"request {r.rid}: {n} tokens asked, {r.extend_len} can run")
-            elif id(r) in waiting:
+            elif r.queued:
                 if not (1 <= n <= r.device_len):
                     raise PlanError(f"request {r.rid}: {n} tokens asked, prompt has {r.device_len}")
             else:
                 raise PlanError(f"request {r.rid} ({r.state.name}) is neither waiting nor schedulable")
         for r in plan.preempt:
-            if id(r) not in running or r.inflight:
+            if r.state is not RUNNING or r.slot < 0 or owner[r.slot] is not r or r.inflight:
                 raise PlanError(f"request {r.rid} cannot be preempted (not running, or in a step in flight)")
-            if id(r) in seen:
+            if r.plan_stamp == stamp:
                 raise PlanError(f"request {r.rid} is both run and preempted")
 
     def _apply(self, plan: BatchPlan, view: SchedulerView, now: float) -> None:
@@ -178,15 +193,18 @@ class Scheduler:
         stats = self.stats
         # 1. admissions: match the prefix and lock it before anything is evicted
         admitted = []
+        rowless = False
+        RUNNING = RequestState.RUNNING
         for i, r in enumerate(plan.reqs):
-            if r.state != RequestState.RUNNING:
+            if r.state is not RUNNING:
                 if not self.page_table.num_free_rows:
-                    break
+                    rowless = True
+                    continue
                 self._admit(r, now)
                 admitted.append(r)
                 plan.num_tokens[i] = min(plan.num_tokens[i], r.extend_len)
-        if any(r.state != RequestState.RUNNING for r in plan.reqs):  # no row left for these
-            self._drop(plan, lambda r: r.state != RequestState.RUNNING)
+        if rowless:  # no page-table row left for these
+            self._drop(plan, lambda r: r.state is not RUNNING)
         # 2. pages needed; make room: drop new admissions from the end, then preempt
         needs = self._page_needs(plan)
         short = int(needs.sum()) - self.allocator.free_pages - self.cache.evictable_pages
@@ -219,47 +237,63 @@ class Scheduler:
             self.allocator.free(freed)
             stats.evicted_pages += len(freed)
         if total:
-            pages = self.allocator.alloc(total)
-            start = 0
-            for r, k in zip(plan.reqs, needs.tolist()):
-                if k:
-                    self.page_table.write(r.slot, r.num_pages * P, self.allocator.slots_of(pages[start:start + k]))
-                    r.num_pages += k
-                    start += k
+            self._map_new_pages(plan, needs, self.allocator.alloc(total))
         # 4. advance the ledger
-        n_items = len(plan)
-        cached = np.empty(n_items, np.int64)
-        samples = np.empty(n_items, bool)
-        for i, (r, n) in enumerate(zip(plan.reqs, plan.num_tokens)):
+        cached, samples = [], []
+        n_dec = pre_reqs = pre_tok = 0
+        for r, n in zip(plan.reqs, plan.num_tokens):
             c = r.cached_len
-            cached[i] = c
-            decode = n == 1 and c == r.device_len - 1 and r.device_len > r.prompt_len
-            if decode:
-                stats.decode_reqs += 1
-                stats.decode_tokens += 1
+            cached.append(c)
+            d = r.device_len
+            if n == 1 and c == d - 1 and d > r.prompt_len:  # a decode
+                n_dec += 1
             else:
-                stats.prefill_reqs += 1
-                stats.prefill_tokens += n
+                pre_reqs += 1
+                pre_tok += n
                 r.chunk_times.append((now, n))
                 if r.first_scheduled is None:
                     r.first_scheduled = now
-            r.cached_len = c + n
-            s = r.cached_len == r.device_len
-            samples[i] = s
-            if s:
-                r.device_len += 1
+            c += n
+            r.cached_len = c
+            if c == d:
+                samples.append(True)
+                r.device_len = d + 1
                 r.pending_tokens += 1
+            else:
+                samples.append(False)
             r.inflight += 1
-        plan.cached_lens, plan.samples = cached, samples
+        plan.cached_lens = np.array(cached, np.int64)
+        plan.samples = np.array(samples, bool)
+        stats.decode_reqs = stats.decode_tokens = n_dec
+        stats.prefill_reqs, stats.prefill_tokens = pre_reqs, pre_tok
         stats.admitted = len(admitted)
 
     def _page_needs(self, plan: BatchPlan) -> np.ndarray:
+        """New pages each item needs for its tokens this step (and, for _map_new_pages, the
+        pages each already holds)."""
+        n = len(plan)
+        reqs = plan.reqs
+        end = np.fromiter((r.cached_len for r in reqs), np.int64, n) + np.asarray(plan.num_tokens, np.int64)
+        held = self._held_pages = np.fromiter((r.num_pages for r in reqs), np.int64, n)
         P = self.page_size
+        return np.maximum(0, (end if P == 1 else -(-end // P)) - held)
+
+    def _map_new_pages(self, plan: BatchPlan, needs: np.ndarray, pages: np.ndarray) -> None:
+        """Write every item's new pages into its page-table rows in one scatter."""
+        P = self.page_size
+        reqs = plan.reqs
+        has = np.flatnonzero(needs)
+        k = needs[has]
+        rows = np.fromiter((reqs[i].slot for i in has.tolist()), np.int64, len(has))
+        item = np.repeat(np.arange(len(has)), k)
+        page_no = self._held_pages[has][item] + (np.arange(len(pages)) - np.repeat(np.cumsum(k) - k, k))
         if P == 1:
-            return np.fromiter((max(0, r.cached_len + n - r.num_pages) for r, n in zip(plan.reqs, plan.num_tokens)),
-                               np.int64, len(plan))
-        return np.fromiter((max(0, -(-(r.cached_len + n) // P) - r.num_pages) for r, n in zip(plan.reqs, plan.num_tokens)),
-                           np.int64, len(plan))
+            self.page_table.table[rows[item], page_no] = pages
+        else:
+            offs = np.arange(P)
+            self.page_table.table[rows[item][:, None], page_no[:, None] * P + offs] = pages[:, None] * P + offs
+        for i, kk in zip(has.tolist(), k.tolist()):
+            reqs[i].num_pages += kk
 
     def _drop(self, plan: BatchPlan, which) -> None:
         keep = [i for i, r in enumerate(plan.reqs) if not which(r)]
@@ -270,6 +304,7 @@ class Scheduler:
     # ---- admission, preemption, release -------------------------------------------------
     def _admit(self, r: Request, now: float) -> None:
         r.slot = self.page_table.acquire()
+        self._row_owner[r.slot] = r
         ids = None
         if r.prompt_ids is not None and self.cache.shares:
             ids = r.prompt_ids if r.device_len == r.prompt_len else r.token_ids(r.device_len)
@@ -289,7 +324,7 @@ class Scheduler:
         r.state = RequestState.RUNNING
         r.admit_seq = self._admit_seq
         self._admit_seq += 1
-        self.waiting.remove(r)
+        self._dequeue(r)
         self.running.append(r)
 
     def _unadmit(self, r: Request) -> None:
@@ -299,11 +334,15 @@ class Scheduler:
         else:
             r.recomputed_tokens -= r.device_len - r.cached_len
         self._unlock(r)
-        self.page_table.release(r.slot)
+        self._free_row(r)
         r.slot, r.cached_len, r.num_pages, r.cache_owned_len = -1, 0, 0, 0
         r.state = RequestState.PREEMPTED if r.num_preemptions else RequestState.WAITING
         self.running.remove(r)
         self._enqueue(r)
+
+    def _free_row(self, r: Request) -> None:
+        self._row_owner[r.slot] = None
+        self.page_table.release(r.slot)
 
     def _preempt(self, r: Request, now: float) -> None:
         """Preempt by recompute: cache or free the KV, put the request back in the queue."""
@@ -344,7 +383,7 @@ class Scheduler:
         for pages in free:
             self.allocator.free(pages)
         self._unlock(r)
-        row.release(r.slot)
+        self._free_row(r)
         r.slot, r.num_pages, r.cache_owned_len = -1, 0, 0
 
     def _cache_prefill(self, r: Request) -> None:
@@ -383,22 +422,23 @@ class Scheduler:
             raise ValueError(f"step {plan.step_id}: expected {n_samples} tokens, got "
                              f"{None if tokens is None else len(tokens)}")
         ended = []
-        k = 0
+        toks = iter(tokens.tolist())
+        TERMINAL = RequestState.FINISHED  # FINISHED, ABORTED, REJECTED are the largest states
         for r, n, s in zip(plan.reqs, plan.num_tokens, plan.samples.tolist()):
             r.inflight -= 1
             if s:
-                tok = int(tokens[k])
-                k += 1
+                tok = next(toks)
                 r.pending_tokens -= 1
-                if r.is_done:  # ended (abort, EOS) while this step was in flight: drop the token
+                if r.state >= TERMINAL:  # ended (abort, EOS) while this step was in flight: drop the token
                     r.device_len -= 1
                     r.cached_len = min(r.cached_len, r.device_len)  # no KV beyond the known tokens
                 else:
-                    r.output_ids.append(tok)
+                    out = r.output_ids
+                    out.append(tok)
                     r.token_times.append(now)
                     if r.first_token is None:
                         r.first_token = now
-                    if len(r.output_ids) >= r.max_new_tokens:
+                    if len(out) >= r.max_new_tokens:
                         self.running.remove(r)
                         self._end(r, RequestState.FINISHED, "length", now)
                         ended.append(r)
@@ -408,7 +448,7 @@ class Scheduler:
                         ended.append(r)
                     elif n > 1:
                         self._cache_prefill(r)
-            if r.is_done and r.slot >= 0 and not r.inflight:
+            if r.state >= TERMINAL and r.slot >= 0 and not r.inflight:
                 self._release_kv(r)
         if self._held:
             self._held = [r for r in self._held if r.slot >= 0]
