@@ -1,0 +1,74 @@
+"""Tiny random HF models saved as safetensors, and a prompt file, for engine tests."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tiny_config(kind: str) -> dict:
+    base = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, vocab_size=256, max_position_embeddings=2048, bos_token_id=1,
+                eos_token_id=2, rms_norm_eps=1e-6, tie_word_embeddings=False)
+    if kind == "llama":  # Llama 3.1 style rope scaling, all three frequency bands used
+        return {**base, "architectures": ["LlamaForCausalLM"], "model_type": "llama", "rope_theta": 10000.0,
+                "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}
+    if kind == "llama_1kv":  # fewer KV heads than TP ranks: replicated
+        return {**tiny_config("llama"), "num_key_value_heads": 1}
+    if kind == "qwen3":
+        return {**base, "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "head_dim": 16,
+                "rope_theta": 1000000.0, "tie_word_embeddings": True}
+    raise ValueError(kind)
+
+
+def save_tiny_model(kind: str, out: Path) -> Path:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    cfg = dict(tiny_config(kind))
+    model_type = cfg.pop("model_type")
+    config = AutoConfig.for_model(model_type, **cfg)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).float().eval()
+    model.save_pretrained(out)
+    return out
+
+
+def prompt_file(path: Path, n: int = 12, out_tokens: int = 10, seed: int = 0) -> list[list[int]]:
+    """Prompts of different lengths, half of them sharing a 40-token prefix."""
+    rng = np.random.default_rng(seed)
+    shared = rng.integers(3, 256, 40).tolist()
+    prompts = []
+    for i in range(n):
+        p = (shared if i % 2 == 0 else []) + rng.integers(3, 256, int(rng.integers(5, 120))).tolist()
+        prompts.append(p)
+    pd.DataFrame({"prompt_ids": [json.dumps(p) for p in prompts], "output_tokens": out_tokens,
+                  "arrival_s": 0.0}).to_csv(path, index=False)  # all at t=0: plans independent of wall-clock timing
+    return prompts
+
+
+def hf_greedy(model_dir: Path, prompts, n_new: int) -> list[list[int]]:
+    import torch
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(model_dir).float().eval()
+    outs = []
+    for p in prompts:
+        ids = torch.tensor([p])
+        g = model.generate(ids, max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False)
+        outs.append(g[0, ids.shape[1]:].tolist())
+    return outs
+
+
+def run_engine(model_dir: Path, trace: Path, out: Path, *overrides, timeout=600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    args = [sys.executable, "-m", "testbed.run", "backend=engine", "engine.device=cpu", "engine.attention=torch",
+            "engine.dtype=float32", f"model.path={model_dir}", "trace=file", f"trace.path={trace}",
+            "progress=false", f"hydra.run.dir={out}", *overrides]
+    return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
