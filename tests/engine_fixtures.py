@@ -23,6 +23,9 @@ def tiny_config(kind: str) -> dict:
                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}
     if kind == "llama_1kv":  # fewer KV heads than TP ranks: replicated
         return {**tiny_config("llama"), "num_key_value_heads": 1}
+    if kind == "llama_6h":  # divisible by 3 ranks
+        return {**tiny_config("llama"), "hidden_size": 96, "intermediate_size": 192, "num_attention_heads": 6,
+                "num_key_value_heads": 3}
     if kind == "qwen3":
         return {**base, "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "head_dim": 16,
                 "rope_theta": 1000000.0, "tie_word_embeddings": True}
