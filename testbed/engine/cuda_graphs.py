@@ -34,11 +34,13 @@ class DecodeGraphs:
         self.pos = torch.zeros(self.max_bs, dtype=i64, device=device)
         self.loc = torch.full((self.max_bs,), self.scratch_slot, dtype=i32, device=device)
         self.indices = torch.zeros(self.max_bs * max_pages_per_req, dtype=i32, device=device)
-        self.graphs, self.logits, self.wrappers = {}, {}, {}
+        # per size: the graph, its output, its wrapper, and its static batch (kept alive: the
+        # graph reads those tensors' memory at every replay)
+        self.graphs, self.logits, self.wrappers, self.static = {}, {}, {}, {}
         pool = torch.cuda.graph_pool_handle()
         for bs in reversed(self.sizes):  # largest first: the smaller ones reuse its memory
             self.wrappers[bs] = backend.graph_decode_wrapper(bs, self.indices)
-            fb = self._static_batch(bs)
+            fb = self.static[bs] = self._static_batch(bs)
             self._plan(bs, torch.arange(bs + 1, dtype=i32), torch.full((bs,), scratch_page, dtype=i32, device=device),
                        torch.ones(bs, dtype=i32))
             for _ in range(2):  # warm up outside the graph (allocator, lazy inits)

@@ -46,6 +46,10 @@ class EngineExecutor:
         self.graphs = graphs  # CUDA graphs for decode batches, or None
         # the last token each page-table row sampled: a decode's input while its step is in flight
         self.last_token = torch.zeros(num_rows, dtype=torch.int64, device=device)
+        # pinned host buffers for the sampled ids, reused in turn (allocating pinned memory
+        # each step would synchronise the device); three: one being written, one in flight, spare
+        self._host = [torch.empty(num_rows, dtype=torch.int64, pin_memory=self.cuda) for _ in range(3)]
+        self._turn = 0
 
     def launch(self, plan: BatchPlan) -> StepHandle:
         t_launch = time.perf_counter()
@@ -78,7 +82,8 @@ class EngineExecutor:
         ids = sample(logits[sel], params)
         self.last_token[torch.from_numpy(hb.sample_rows).to(self.device, non_blocking=nb)] = ids
         if self.cuda:
-            host = torch.empty(ids.shape, dtype=torch.int64, pin_memory=True)
+            host = self._host[self._turn][: ids.numel()]
+            self._turn = (self._turn + 1) % len(self._host)
             host.copy_(ids, non_blocking=True)
             end.record()
         else:

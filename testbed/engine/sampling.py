@@ -63,12 +63,17 @@ class SamplingTensors:
         any_filter = any(
             not g and (k > 0 or p < 1.0) for g, k, p in zip(greedy, top_k, top_p)
         )
+        # built on the host, then copied without blocking: torch.tensor(..., device="cuda")
+        # would wait for the device to drain, and the engine overlaps this with a running step
+        def put(values, dtype):
+            return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
         return cls(
-            temperature=torch.tensor(temps, dtype=torch.float32, device=device),
-            top_k=torch.tensor(top_k, dtype=torch.int64, device=device),
-            top_p=torch.tensor(top_p, dtype=torch.float32, device=device),
-            seed=torch.tensor([int(s) & (2**63 - 1) for s in seed], dtype=torch.int64, device=device),
-            step=torch.tensor(step, dtype=torch.int64, device=device),
+            temperature=put(temps, torch.float32),
+            top_k=put(top_k, torch.int64),
+            top_p=put(top_p, torch.float32),
+            seed=put([int(s) & (2**63 - 1) for s in seed], torch.int64),
+            step=put(step, torch.int64),
             all_greedy=all(greedy),
             any_filter=any_filter,
         )
