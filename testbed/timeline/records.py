@@ -16,6 +16,7 @@ def request_row(r: Request, keep_output_ids: bool) -> dict:
         "first_token_s": r.first_token, "finish_s": r.finish_time, "prompt_tokens": r.prompt_len,
         "output_tokens": n_out, "max_new_tokens": r.max_new_tokens, "prefix_cached_tokens": r.prefix_hit_tokens,
         "recomputed_tokens": r.recomputed_tokens, "prefill_chunks": len(r.chunk_times),
+        "chunk_times_s": [t for t, _ in r.chunk_times], "chunk_tokens": [n for _, n in r.chunk_times],
         "preemptions": r.num_preemptions,
         "queue_s": r.first_scheduled - r.arrival if r.first_scheduled is not None else None,
         "ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e,

@@ -19,6 +19,8 @@ REQUESTS_SCHEMA = pa.schema([
     ("prefix_cached_tokens", pa.int64()),  # found in the prefix cache at first admission
     ("recomputed_tokens", pa.int64()),  # prefilled again after preemptions
     ("prefill_chunks", pa.int64()),
+    ("chunk_times_s", pa.list_(pa.float64())),  # when each prefill chunk (recomputes included) was scheduled
+    ("chunk_tokens", pa.list_(pa.int64())),  # and how many tokens it computed
     ("preemptions", pa.int64()),
     ("queue_s", pa.float64()),  # arrival -> first scheduled
     ("ttft_s", pa.float64()),

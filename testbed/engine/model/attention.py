@@ -50,6 +50,8 @@ class SelfAttention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = rope
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        # one rotary over q and k heads together: half the kernels of two
+        qk = apply_rotary(torch.cat((q, k), dim=1), cos, sin)
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads:]
         o = backend.forward(self.layer_id, q, k, v, fb)
         return self.o_proj(o.reshape(T, self.num_heads * self.head_dim))

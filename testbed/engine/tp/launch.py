@@ -85,12 +85,20 @@ class TPExecutor:
         self.graphs = local.graphs
         self._closed = False
 
+    def _failure(self, e: Exception) -> RuntimeError:
+        """A collective failed: name the rank that died (it may take a moment to be seen dead)."""
+        deadline = time.monotonic() + 5.0
+        while not self.sup.dead() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        dead = self.sup.dead()
+        return RuntimeError(f"tensor parallel: {'; '.join(dead)}" if dead else f"tensor parallel: a collective failed: {e}")
+
     def _send(self, obj) -> None:
         import torch.distributed as dist
         try:
             dist.broadcast_object_list([obj], src=0, group=self.msg_group)
         except Exception as e:
-            raise RuntimeError(f"tensor parallel: {'; '.join(self.sup.dead()) or e}") from None
+            raise self._failure(e) from None
 
     def launch(self, plan):
         t = time.perf_counter()
@@ -104,13 +112,13 @@ class TPExecutor:
         try:
             return self.local.launch_host(hb, sampling, plan, predicted, t)
         except Exception as e:
-            dead = self.sup.dead()
-            if dead:
-                raise RuntimeError(f"tensor parallel: {'; '.join(dead)}") from None
-            raise
+            raise self._failure(e) from None
 
     def collect(self, handle):
-        return self.local.collect(handle)
+        try:
+            return self.local.collect(handle)
+        except Exception as e:
+            raise self._failure(e) from None
 
     def close(self) -> None:
         if self._closed:
