@@ -10,6 +10,7 @@ from testbed.modelspec import ModelConfig
 from testbed.traces import TraceConfig
 
 BACKENDS = ("sim", "engine")
+DTYPES = ("bfloat16", "float16", "float32")
 
 
 class ConfigError(ValueError):
@@ -86,6 +87,8 @@ def check(cfg: Config) -> None:
         bad("engine.page_size", e.page_size, "an integer >= 1")
     if not (0.0 < e.mem_fraction <= 1.0):
         bad("engine.mem_fraction", e.mem_fraction, "a number in (0, 1]")
+    if e.dtype not in DTYPES:
+        bad("engine.dtype", e.dtype, ", ".join(DTYPES))
     if e.num_pages is not None and e.num_pages < 1:
         bad("engine.num_pages", e.num_pages, "null (size from memory) or an integer >= 1")
     try:

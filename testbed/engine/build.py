@@ -18,13 +18,6 @@ HEADROOM_BYTES = 4 << 30  # activations, logits and CUDA graphs beside the KV po
 CPU_DEFAULT_SLOTS = 32768
 
 
-def _dtype(name: str) -> torch.dtype:
-    dt = getattr(torch, name, None)
-    if not isinstance(dt, torch.dtype):
-        raise ValueError(f"engine.dtype={name!r} is invalid; allowed: bfloat16, float16, float32")
-    return dt
-
-
 def kv_slots(cfg, model, device: torch.device) -> int:
     e = cfg.engine
     if e.num_pages is not None:
@@ -64,7 +57,7 @@ def load_model_for(cfg, device: torch.device, tp_rank: int = 0, tp_size: int = 1
                          "or use model.weights=dummy")
     hf_config = read_hf_config(source) if source else read_hf_config(str(resolve_config_path(cfg.model.config_path)))
     torch.manual_seed(cfg.seed)
-    model = build_model(hf_config, _dtype(e.dtype), device, e.attention, tp_rank, tp_size, tp_group)
+    model = build_model(hf_config, e.dtype, device, e.attention, tp_rank, tp_size, tp_group)
     report = load_weights(model, "dummy" if cfg.model.weights == "dummy" else source, seed=cfg.seed)
     log.info("rank %d weights: %s", tp_rank, report)
     return model, report

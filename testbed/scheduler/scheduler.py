@@ -128,10 +128,6 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    @property
-    def num_live(self) -> int:
-        return len(self.waiting) + len(self.running)
-
     # ---- one step ---------------------------------------------------------------------
     def view(self, now: float) -> SchedulerView:
         # Only with a step in flight can a running request have all its tokens scheduled
