@@ -57,7 +57,6 @@ def throughput(model: str, overlap: bool, extra) -> dict:
 
 def decode_steps(model: str, batches, context: int, reps: int, extra, profile: bool = False) -> list[dict]:
     import numpy as np
-    import torch
     from testbed import assemble
     from testbed.core import Request
     from testbed.engine.build import build_engine

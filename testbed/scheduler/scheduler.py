@@ -185,7 +185,6 @@ class Scheduler:
                 raise PlanError(f"request {r.rid} is both run and preempted")
 
     def _apply(self, plan: BatchPlan, view: SchedulerView, now: float) -> None:
-        P = self.page_size
         stats = self.stats
         # 1. admissions: match the prefix and lock it before anything is evicted
         admitted = []
@@ -202,16 +201,14 @@ class Scheduler:
         if rowless:  # no page-table row left for these
             self._drop(plan, lambda r: r.state is not RUNNING)
         # 2. pages needed; make room: drop new admissions from the end, then preempt
-        needs = self._page_needs(plan)
-        short = int(needs.sum()) - self.allocator.free_pages - self.cache.evictable_pages
+        needs, short = self._shortfall(plan)
         while short > 0 and admitted:
             r = admitted.pop()
             self._unadmit(r)
             self._drop(plan, lambda x: x is r)
-            needs = self._page_needs(plan)
-            short = int(needs.sum()) - self.allocator.free_pages - self.cache.evictable_pages
-        while short > 0:
-            candidates = [r for r in self.running if not r.inflight and r not in admitted]
+            needs, short = self._shortfall(plan)
+        while short > 0:  # every admission is undone by now
+            candidates = [r for r in self.running if not r.inflight]
             if not candidates:
                 break
             victim = self.policy.choose_victim(view, candidates)
@@ -220,12 +217,10 @@ class Scheduler:
                                 f"preemptible running requests {[c.rid for c in candidates]}")
             self._drop(plan, lambda x: x is victim)
             self._preempt(victim, now)
-            needs = self._page_needs(plan)
-            short = int(needs.sum()) - self.allocator.free_pages - self.cache.evictable_pages
+            needs, short = self._shortfall(plan)
         while short > 0 and len(plan):  # what is left is in flight: run fewer this step
             self._drop(plan, lambda x, last=plan.reqs[-1]: x is last)
-            needs = self._page_needs(plan)
-            short = int(needs.sum()) - self.allocator.free_pages - self.cache.evictable_pages
+            needs, short = self._shortfall(plan)
         # 3. evict, allocate, map
         total = int(needs.sum())
         if total > self.allocator.free_pages:
@@ -263,6 +258,11 @@ class Scheduler:
         stats.decode_reqs = stats.decode_tokens = n_dec
         stats.prefill_reqs, stats.prefill_tokens = pre_reqs, pre_tok
         stats.admitted = len(admitted)
+
+    def _shortfall(self, plan: BatchPlan) -> tuple[np.ndarray, int]:
+        """Each item's new pages, and how many more than free + evictable they come to."""
+        needs = self._page_needs(plan)
+        return needs, int(needs.sum()) - self.allocator.free_pages - self.cache.evictable_pages
 
     def _page_needs(self, plan: BatchPlan) -> np.ndarray:
         """New pages each item needs for its tokens this step (and, for _map_new_pages, the

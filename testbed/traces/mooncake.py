@@ -2,7 +2,6 @@
 hash_ids (one id per 512-token prefix block; equal ids at equal positions are shared KV)."""
 from __future__ import annotations
 
-import numpy as np
 
 from .assemble import Rows, assemble
 from .base import Trace
