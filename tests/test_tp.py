@@ -35,6 +35,13 @@ def _children(pid: int) -> list[int]:
     return [int(x) for x in out.split()]
 
 
+def _cmdline(pid: int) -> str:
+    try:  # /proc, not ps: ps cuts long command lines
+        return open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -59,10 +66,7 @@ def test_killed_rank_ends_the_run(tmp_path):
     workers = []
     while time.time() < deadline and len(workers) < 2:
         time.sleep(0.5)
-        # the rank is running once the run has written steps... wait for a spawned child to exist
-        workers = [c for c in _children(proc.pid)
-                   if "spawn_main" in subprocess.run(["ps", "-o", "args=", "-p", str(c)], capture_output=True,
-                                                      text=True).stdout]
+        workers = [c for c in _children(proc.pid) if "spawn_main" in _cmdline(c)]
     assert len(workers) == 2, "the tensor-parallel worker processes did not appear"
     time.sleep(10)  # let it run some steps
     rank1 = min(workers)  # the ranks start in order
