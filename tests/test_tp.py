@@ -2,6 +2,7 @@
 that dies ends the run with an error naming it, leaving no process behind."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -51,29 +52,67 @@ def _alive(pid: int) -> bool:
     return bool(state) and not state.startswith("Z")
 
 
-def test_killed_rank_ends_the_run(tmp_path):
-    """Three ranks; rank 1 is killed: the run ends naming it, and rank 2 does not outlive it."""
-    model_dir = save_tiny_model("llama_6h", tmp_path / "model")
-    out = tmp_path / "run"
+def _start_long_run(model_dir, out, tp: int):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "testbed.run", "backend=engine", "engine.device=cpu", "engine.attention=torch",
-         "engine.dtype=float32", f"model.path={model_dir}", "engine.tp=3", "trace=synthetic",
+         "engine.dtype=float32", f"model.path={model_dir}", f"engine.tp={tp}", "trace=synthetic",
          "trace.num_requests=100000", "trace.rate=50", "trace.prompt_len_max=200", "trace.output_len_max=64",
          "progress=false", f"hydra.run.dir={out}"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 180
     workers = []
-    while time.time() < deadline and len(workers) < 2:
+    while time.time() < deadline and len(workers) < tp - 1 and proc.poll() is None:
         time.sleep(0.5)
         workers = [c for c in _children(proc.pid) if "spawn_main" in _cmdline(c)]
-    assert len(workers) == 2, "the tensor-parallel worker processes did not appear"
-    time.sleep(10)  # let it run some steps
-    rank1 = min(workers)  # the ranks start in order
-    os.kill(rank1, signal.SIGKILL)
-    stdout, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 1, stderr[-2000:]
-    assert "rank 1 exited with code -9" in stderr.splitlines()[-1]
-    assert (out / "requests.parquet").exists() and (out / "summary.json").exists()
-    time.sleep(1)
-    assert not [w for w in workers if _alive(w)], "a tensor-parallel rank outlived the run"
+    return proc, workers
+
+
+def _stop(proc, workers) -> None:
+    """Whatever the test found, leave nothing running behind it."""
+    for pid in [proc.pid, *workers]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait(30)
+
+
+def test_killed_rank_ends_the_run(tmp_path):
+    """Three ranks; rank 1 is killed: the run ends naming it, and rank 2 does not outlive it."""
+    model_dir = save_tiny_model("llama_6h", tmp_path / "model")
+    out = tmp_path / "run"
+    proc, workers = _start_long_run(model_dir, out, tp=3)
+    try:
+        assert len(workers) == 2, "the tensor-parallel worker processes did not appear"
+        time.sleep(10)  # let it run some steps
+        os.kill(min(workers), signal.SIGKILL)  # the ranks start in order: rank 1
+        stdout, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 1, stderr[-2000:]
+        assert "rank 1 exited with code -9" in stderr.splitlines()[-1]
+        assert (out / "requests.parquet").exists() and (out / "summary.json").exists()
+        time.sleep(1)
+        assert not [w for w in workers if _alive(w)], "a tensor-parallel rank outlived the run"
+    finally:
+        _stop(proc, workers)
+
+
+def test_ctrl_c_stops_every_rank(tmp_path):
+    """Ctrl-C mid-run (a rank may be inside a collective): results written, every rank gone, fast."""
+    model_dir = save_tiny_model("llama", tmp_path / "model")
+    out = tmp_path / "run"
+    proc, workers = _start_long_run(model_dir, out, tp=2)
+    try:
+        assert len(workers) == 1, "the tensor-parallel worker process did not appear"
+        time.sleep(10)
+        t0 = time.time()
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 130, stderr[-2000:]
+        assert time.time() - t0 < 30
+        s = json.loads((out / "summary.json").read_text())
+        assert s["complete"] is False and s["metrics"]["completed"] > 0
+        time.sleep(1)
+        assert not [w for w in workers if _alive(w)], "a tensor-parallel rank outlived the run"
+    finally:
+        _stop(proc, workers)

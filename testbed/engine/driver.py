@@ -18,6 +18,7 @@ class RealtimeDriver:
         self.progress = progress
         self.steps = StepLog()
         self._t0 = 0.0
+        self.ran_to_end = False  # run() returned normally (no step cut short)
 
     def now(self) -> float:
         return time.perf_counter() - self._t0
@@ -56,6 +57,7 @@ class RealtimeDriver:
             if finished_one:  # its results may make something runnable
                 continue
             if nxt == n and not sched.has_work():
+                self.ran_to_end = True
                 return
             if nxt == n:
                 raise RuntimeError(f"scheduler stalled with {len(sched.waiting)} waiting and "

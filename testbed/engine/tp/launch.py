@@ -120,19 +120,20 @@ class TPExecutor:
         except Exception as e:
             raise self._failure(e) from None
 
-    def close(self) -> None:
+    def close(self, graceful: bool) -> None:
+        """Stop the ranks. Graceful (the run ended between steps): tell them to stop and wait.
+        Otherwise (an error, Ctrl-C) a rank may be waiting inside a collective of the step
+        that was cut short, and a goodbye message would wait for it forever: end them."""
         if self._closed:
             return
         self._closed = True
-        if not self.sup.dead():
-            try:
-                self._send(None)
-            except RuntimeError:
-                pass
+        if not graceful or self.sup.dead():
+            self.sup.terminate()
+            return
+        self._send(None)
         self.sup.close()
         import torch.distributed as dist
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        dist.destroy_process_group()
 
 
 def build_tp_engine(cfg, spec, requests):
@@ -165,5 +166,5 @@ def build_tp_engine(cfg, spec, requests):
         raise
     executor = TPExecutor(local, msg_group, sup, e.debug_plan_hash)
     driver = RealtimeDriver(sched, executor, requests, overlap=e.overlap)
-    driver.close = executor.close
+    driver.close = lambda: executor.close(graceful=driver.ran_to_end)
     return driver, sched, engine_info(cfg, sched, device, report, executor)
