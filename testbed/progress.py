@@ -17,7 +17,7 @@ class Progress:
             from tqdm import tqdm
             self._bar = tqdm(total=total, unit="req", file=sys.stderr, dynamic_ncols=True, mininterval=0.2)
 
-    def __call__(self, done: int, total: int, now: float) -> None:
+    def __call__(self, done: int, total: int, now: float, output_tokens: int) -> None:
         if self._bar is None:
             return
         t = time.monotonic()
@@ -26,7 +26,8 @@ class Progress:
         self._last = t
         self._bar.update(done - self._done)
         self._done = done
-        self._bar.set_postfix_str(f"{self.label} t={now:,.1f}s", refresh=False)
+        rate = output_tokens / now if now > 0 else 0.0
+        self._bar.set_postfix_str(f"{self.label} t={now:,.1f}s, {rate:,.0f} output tok/s", refresh=False)
 
     def close(self) -> None:
         if self._bar is not None:

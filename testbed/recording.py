@@ -10,6 +10,7 @@ def record_step(log: StepLog, sched, plan: BatchPlan, start: float, end: float, 
                 predicted: float | None) -> None:
     """duration: the step's own time (the simulator's cost, the engine's device time)."""
     st = sched.stats_of(plan)
+    log.output_tokens += int(plan.samples.sum())
     free = sched.allocator.free_pages
     cached = sched.cache.cached_pages
     log.append(

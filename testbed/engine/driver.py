@@ -30,7 +30,7 @@ class RealtimeDriver:
         record_step(self.steps, self.sched, handle.plan, handle.t_launch - self._t0, now, result.duration,
                     result.predicted)
         if self.progress is not None:
-            self.progress(len(self.sched.done), len(self.requests), now)
+            self.progress(len(self.sched.done), len(self.requests), now, self.steps.output_tokens)
 
     def run(self) -> None:
         sched, reqs = self.sched, self.requests

@@ -13,7 +13,7 @@ class SimDriver:
         self.sched = scheduler
         self.executor = executor
         self.requests = sorted(requests, key=lambda r: (r.arrival, r.rid))
-        self.progress = progress  # callable(done, total, now) or None
+        self.progress = progress  # callable(done, total, now, output_tokens) or None
         self.steps = StepLog()
         self.env = simpy.Environment()
         self._wake = self.env.event()
@@ -51,7 +51,7 @@ class SimDriver:
             sched.complete(plan, result, env.now)
             record_step(self.steps, sched, plan, start, env.now, result.duration, result.predicted)
             if self.progress is not None:
-                self.progress(len(sched.done), n, env.now)
+                self.progress(len(sched.done), n, env.now, self.steps.output_tokens)
 
     def run(self) -> None:
         self.env.process(self._arrivals())

@@ -24,6 +24,7 @@ class StepLog:
 
     def __init__(self):
         self.cols = {c: [] for c in STEP_COLUMNS}
+        self.output_tokens = 0  # sampled so far, for progress reports
 
     def append(self, **row) -> None:
         for c in STEP_COLUMNS:
