@@ -47,3 +47,20 @@ def run_all(s: Scheduler, reqs, max_steps=100_000):
             raise AssertionError("scheduler stalled with work left")
         plans.append([(r.rid, n) for r, n in zip(plan.reqs, plan.num_tokens)])
     return plans
+
+
+def shared(prefix: np.ndarray, rid: int, n_own: int) -> np.ndarray:
+    """prefix followed by n_own tokens unique to rid."""
+    return np.concatenate([prefix, np.arange(n_own, dtype=np.int32) + 10_000 * (rid + 1)]).astype(np.int32)
+
+
+def finish_all(s: Scheduler, t: float = 0.0, max_steps: int = 10_000) -> float:
+    """Step until nothing is left; fails on a stall. Returns the time reached."""
+    n = 0
+    while s.has_work():
+        plan, _ = step(s, t)
+        assert plan is not None, "stalled"
+        t += 0.01
+        n += 1
+        assert n < max_steps
+    return t

@@ -7,7 +7,7 @@ import pytest
 
 from policies import ORDERS, RESERVES, PolicyConfig, eviction_key, eviction_names, make_policy, policy_names
 from policies.scheduling.prefill_first import PrefillFirst
-from scheduler_harness import make_scheduler, req, run_all, step
+from scheduler_harness import finish_all, make_scheduler, req, run_all, shared, step
 from testbed.core import BatchPlan, RequestState
 from testbed.scheduler import PlanError, Scheduler, SchedulerConfig
 
@@ -20,21 +20,6 @@ def add(s, *reqs, now=0.0):
     for r in reqs:
         s.add_request(r, now)
     return reqs
-
-
-def shared(prefix: np.ndarray, rid: int, n_own: int) -> np.ndarray:
-    """prefix followed by n_own tokens unique to rid."""
-    return np.concatenate([prefix, np.arange(n_own, dtype=np.int32) + 10_000 * (rid + 1)]).astype(np.int32)
-
-
-def finish_all(s, max_steps=10_000):
-    t, n = 0.0, 0
-    while s.has_work():
-        plan, _ = step(s, t)
-        assert plan is not None, "stalled"
-        t += 0.01
-        n += 1
-        assert n < max_steps
 
 
 def assert_all_finished(reqs):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from scheduler_harness import make_scheduler, req, run_all, step, synthetic_tokens
+from scheduler_harness import finish_all, make_scheduler, req, run_all, shared, step, synthetic_tokens
 from testbed.core import RequestState, StepResult
 from testbed.kv import IntegrityError
 
@@ -15,21 +15,6 @@ POLICIES = ["prefill_first", "decode_first", "chunked"]
 
 def items(plan):
     return [(r.rid, n) for r, n in zip(plan.reqs, plan.num_tokens)]
-
-
-def shared(prefix, rid, n_own):
-    return np.concatenate([prefix, np.arange(n_own, dtype=np.int32) + 10_000 * (rid + 1)]).astype(np.int32)
-
-
-def finish_all(s, t=0.0, max_steps=10_000):
-    n = 0
-    while s.has_work():
-        plan, _ = step(s, t)
-        assert plan is not None, "stalled"
-        t += 0.01
-        n += 1
-        assert n < max_steps
-    return t
 
 
 def no_leak(s):

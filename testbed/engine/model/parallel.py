@@ -94,6 +94,13 @@ class _Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
 
+    def hf_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Full checkpoint shapes (subclasses set in_features / out_features, the unsharded sizes)."""
+        shapes = {"weight": (self.out_features, self.in_features)}
+        if self.bias is not None:
+            shapes["bias"] = (self.out_features,)
+        return shapes
+
     def _load_rows(self, reader: TensorReader, is_bias: bool, src_start: int, n: int, dst_start: int):
         target = self.bias if is_bias else self.weight
         _copy_rows(target, dst_start, reader.read(0, src_start, src_start + n))
@@ -106,12 +113,6 @@ class ColumnParallelLinear(_Linear):
         self.tp, self.in_features, self.out_features = tp, in_features, out_features
         self.out_local = tp.divide(out_features, "output features")
         super().__init__(self.out_local, in_features, bias, dtype, device)
-
-    def hf_shapes(self) -> dict[str, tuple[int, ...]]:
-        shapes = {"weight": (self.out_features, self.in_features)}
-        if self.bias is not None:
-            shapes["bias"] = (self.out_features,)
-        return shapes
 
     def load(self, shard_id: str, reader: TensorReader) -> None:
         self._load_rows(reader, shard_id == "bias", self.tp.rank * self.out_local, self.out_local, 0)
@@ -195,12 +196,6 @@ class RowParallelLinear(_Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.tp.all_reduce(F.linear(x, self.weight))
         return y if self.bias is None else y + self.bias
-
-    def hf_shapes(self) -> dict[str, tuple[int, ...]]:
-        shapes = {"weight": (self.out_features, self.in_features)}
-        if self.bias is not None:
-            shapes["bias"] = (self.out_features,)
-        return shapes
 
     def load(self, shard_id: str, reader: TensorReader) -> None:
         if shard_id == "bias":
