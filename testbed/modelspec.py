@@ -203,7 +203,8 @@ class ModelSpec:
             qk_norm=arch_defaults["qk_norm"],
             attention_bias=bool(attention_bias),
             mlp_bias=bool(config.get("mlp_bias", False)),
-            rope_theta=float(config.get("rope_theta", 10000.0)),
+            # transformers 5 writes it inside rope_parameters; older configs at the top level
+            rope_theta=float(config.get("rope_theta", (config.get("rope_parameters") or {}).get("rope_theta", 10000.0))),
             rope_scaling=dict(rope_scaling) if rope_scaling is not None else None,
             rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
             eos_token_ids=eos_ids,

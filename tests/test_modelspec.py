@@ -227,3 +227,10 @@ def test_every_shipped_config_is_listed_in_sources():
     for name in shipped:
         assert f"{name}.json" in sources
         assert (CONF_MODEL_DIR / f"{name}.yaml").is_file()
+
+
+def test_rope_theta_from_transformers5_rope_parameters():
+    cfg = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
+           "max_position_embeddings": 2048, "rope_parameters": {"rope_type": "default", "rope_theta": 123456.0}}
+    assert ModelSpec.from_hf_config(cfg).rope_theta == 123456.0

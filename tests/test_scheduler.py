@@ -463,3 +463,16 @@ def test_check_every_step_runs_the_check():
     s.allocator.free(s._own_pages(r)[:1])
     with pytest.raises(IntegrityError):
         step(s)
+
+
+def test_one_token_last_chunk_still_shares_the_prompt():
+    """A prefill whose last chunk is a single token still puts the prompt in the prefix cache
+    when it completes, not only when the request finishes."""
+    s = make_scheduler("chunked", num_pages=4096, token_budget=7)
+    a = req(0, 15, 50)  # 15 = 7 + 7 + 1: the last chunk is one token
+    s.add_request(a, 0.0)
+    for _ in range(3):
+        step(s, 0.0)
+    assert a.output_ids and a.cached_len == 15 and a.state.name == "RUNNING"
+    assert s.cache.peek(a.prompt_ids) == 15  # shared while a is still running
+    assert a.cache_owned_len == 15

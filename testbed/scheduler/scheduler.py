@@ -420,7 +420,7 @@ class Scheduler:
         ended = []
         toks = iter(tokens.tolist())
         TERMINAL = RequestState.FINISHED  # FINISHED, ABORTED, REJECTED are the largest states
-        for r, n, s in zip(plan.reqs, plan.num_tokens, plan.samples.tolist()):
+        for r, n, s, c in zip(plan.reqs, plan.num_tokens, plan.samples.tolist(), plan.cached_lens.tolist()):
             r.inflight -= 1
             if s:
                 tok = next(toks)
@@ -442,7 +442,7 @@ class Scheduler:
                         self.running.remove(r)
                         self._end(r, RequestState.FINISHED, "eos", now)
                         ended.append(r)
-                    elif n > 1:
+                    elif n > 1 or c < r.prompt_len:  # this step finished a prefill (even a 1-token chunk)
                         self._cache_prefill(r)
             if r.state >= TERMINAL and r.slot >= 0 and not r.inflight:
                 self._release_kv(r)
