@@ -389,3 +389,17 @@ def test_radix_against_a_prefix_set_model(P, eviction, stems, ops):
         assert c.evictable_pages == len([p for p in m.pages if p not in protected])
         for pre in protected:
             assert pre in m.pages
+
+
+def test_unhit_takes_back_a_match_even_across_a_split():
+    c = RadixCache(1, eviction_key("lfu"))
+    seq = np.arange(1, 21, dtype=np.int32)
+    c.insert(seq, np.arange(20, dtype=np.int64))
+    c.match(seq)  # one real hit on the whole edge
+    before = {n.nid: n.hits for n in c.nodes()}
+    node, got, _ = c.match(seq[:8])  # splits the edge at 8, counts a hit on the upper part
+    assert got == 8
+    c.unhit(node)
+    after = {n.nid: n.hits for n in c.nodes()}
+    assert after[node.nid] == 1  # the upper half keeps the earlier real hit only
+    assert all(after[k] == v for k, v in before.items())

@@ -23,6 +23,9 @@ class NoPrefixCache:
     def match(self, ids, priority: int = 0, count_hit: bool = True):
         return None, 0, np.zeros(0, np.int64)
 
+    def unhit(self, node) -> None:
+        pass
+
     def lock(self, node) -> None:
         pass
 

@@ -133,6 +133,12 @@ class RadixCache:
         upper.children[self._child_key(child.key, 0)] = child
         return upper
 
+    def unhit(self, node: RadixNode) -> None:
+        """Take back the hits a match counted on node's path (an admission undone)."""
+        while node is not self.root:
+            node.hits -= 1
+            node = node.parent
+
     # ---- locking ----------------------------------------------------------------------
     def lock(self, node: RadixNode) -> None:
         while node is not self.root:

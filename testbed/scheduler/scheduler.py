@@ -329,6 +329,8 @@ class Scheduler:
             r.prefix_hit_tokens = 0
         else:
             r.recomputed_tokens -= r.device_len - r.cached_len
+        if r.cache_node is not None:
+            self.cache.unhit(r.cache_node)  # so LFU does not count an admission that did not happen
         self._unlock(r)
         self._free_row(r)
         r.slot, r.cached_len, r.num_pages, r.cache_owned_len = -1, 0, 0, 0
