@@ -26,7 +26,6 @@ quantization step). The written directory is then read back by the engine's own 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.util
 import json
 import shutil
@@ -34,6 +33,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from testbed.engine.attention.aot import file_sha256
 
 __all__ = ["ConvertError", "ConvertReport", "convert_gguf", "smollm2_gguf_path", "main"]
 
@@ -86,14 +87,6 @@ def smollm2_gguf_path() -> Path:
                       f"against {SMOLLM2_VERSION}", file=sys.stderr)
             return p
     raise ConvertError(f"{SMOLLM2_FILE} not found in {list(spec.submodule_search_locations)}; {hint}")
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _dir_bytes(path: Path) -> int:
@@ -193,7 +186,7 @@ def convert_gguf(gguf: str | Path, out: str | Path, *, dtype: str = "bfloat16",
         _verify(tmp, torch_dtype)
     (tmp / SOURCE_FILE).write_text(json.dumps({
         "gguf": gguf.name,
-        "gguf_sha256": _sha256(gguf),
+        "gguf_sha256": file_sha256(gguf),
         "gguf_bytes": gguf.stat().st_size,
         "package": _package_of(gguf),
         "dtype": dtype,

@@ -261,7 +261,8 @@ def _build_env(workdir: Path, arch: str, jobs: int | None) -> dict[str, str]:
     return env
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """Hex SHA-256 of a file, read in 1 MiB blocks (also used by testbed.engine.convert)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -317,7 +318,7 @@ def build_in_process(
             "uri": spec.uri,
             "spec": dataclasses.asdict(spec),
             "bytes": dest.stat().st_size,
-            "sha256": _sha256(dest),
+            "sha256": file_sha256(dest),
             "build_seconds": round(seconds, 1),
             "needed": _needed_libs(dest),
         }
