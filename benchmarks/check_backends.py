@@ -1,6 +1,7 @@
-"""GPU check: the flashinfer attention backend against the torch reference backend, same
-dummy weights, same batches (prefill with cached prefixes and mixed lengths, then decode).
-Prints and writes the relative error of the logits.
+"""GPU check: the flashinfer attention backend and the fused Triton kernels against the torch
+reference (torch attention, torch ops), same dummy weights, same batches (prefill with cached
+prefixes and mixed lengths, then decode). Prints and writes the relative error of the logits
+of each (attention, kernels) pair against the reference.
 
     python benchmarks/check_backends.py --model qwen3_0_6b --out benchmarks/results/backends_h200.json
 """
@@ -34,8 +35,10 @@ def main() -> None:
         hf["num_hidden_layers"] = a.layers
     dev = torch.device("cuda")
     models = {}
-    for name in ("torch", "flashinfer"):
-        m = build_model(hf, torch.bfloat16, dev, name)
+    ref_name = "torch+torch"
+    for name in (ref_name, "flashinfer+torch", "torch+triton", "flashinfer+triton"):
+        attention, kernels = name.split("+")
+        m = build_model(hf, torch.bfloat16, dev, attention, kernels=kernels)
         load_weights(m, "dummy", seed=0)
         m.create_kv_pool(8192, a.page_size)
         models[name] = m
@@ -71,11 +74,17 @@ def main() -> None:
     for name, m in models.items():
         out = [m(batch([(0, 0, 200)])), m(batch([(1, 32, 5), (2, 0, 129)]))]
         logits[name] = out
+    def compare(step, out):
+        ref = out[ref_name].float()
+        for name, got in out.items():
+            if name != ref_name:
+                got = got.float()
+                results.append({"step": step, "attention+kernels": name,
+                                "rel_error": ((got - ref).norm() / ref.norm()).item(),
+                                "argmax_equal": float((got.argmax(-1) == ref.argmax(-1)).float().mean())})
+
     for i in range(2):
-        ref, got = logits["torch"][i].float(), logits["flashinfer"][i].float()
-        rel = ((got - ref).norm() / ref.norm()).item()
-        results.append({"step": f"prefill {i}", "rel_error": rel,
-                        "argmax_equal": float((got.argmax(-1) == ref.argmax(-1)).float().mean())})
+        compare(f"prefill {i}", {name: out[i] for name, out in logits.items()})
     # decode steps: every request appends one (random) token over its whole context
     for step in range(4):
         items = []
@@ -84,15 +93,14 @@ def main() -> None:
             seq[r].append(int(rng.integers(0, 10000)))
             items.append((r, c, 1))
         fb = batch(items)
-        out = {name: m(fb).float() for name, m in models.items()}
-        rel = ((out["flashinfer"] - out["torch"]).norm() / out["torch"].norm()).item()
-        results.append({"step": f"decode {step}", "rel_error": rel,
-                        "argmax_equal": float((out["flashinfer"].argmax(-1) == out["torch"].argmax(-1)).float().mean())})
+        compare(f"decode {step}", {name: m(fb) for name, m in models.items()})
     for r in results:
-        print(f"{a.model} page_size={P} {r['step']:<10} rel_error {r['rel_error']:.2e} argmax_equal {r['argmax_equal']:.2f}")
+        print(f"{a.model} page_size={P} {r['step']:<10} {r['attention+kernels']:<18} "
+              f"rel_error {r['rel_error']:.2e} argmax_equal {r['argmax_equal']:.2f}")
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps({"model": a.model, "page_size": P, "results": results}, indent=2))
+        Path(a.out).write_text(json.dumps({"model": a.model, "page_size": P, "reference": ref_name,
+                                           "results": results}, indent=2))
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ class EngineConfig:
     num_pages: Optional[int] = None  # fixed KV pool size; None: from memory
     device: str = "cuda"  # cuda | cpu (the engine's torch reference path)
     attention: str = "flashinfer"  # flashinfer | torch
+    kernels: str = "auto"  # elementwise ops: triton | torch | auto (triton on CUDA, torch on the CPU)
     dtype: str = "bfloat16"
     overlap: bool = True
     cuda_graph_max_bs: int = 256  # 0 disables CUDA graphs

@@ -3,6 +3,8 @@ ids equal HF transformers' greedy generate, through chunked prefill, prefix-cach
 preemption, page sizes and overlap on or off."""
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import pytest
 
@@ -28,6 +30,8 @@ SCENARIOS = {
     "preempt_sync": (["policy.token_budget=32", "engine.num_pages=250", "policy.reserve=estimate",
                       "engine.overlap=false"], ("preempt", "chunks")),
     "no_cache_sjf": (["cache=none", "policy.order=sjf", "policy=decode_first"], ()),
+    # the fused Triton kernels (CPU interpreter here, tests/conftest.py) in place of torch ops
+    "triton_kernels": (["engine.kernels=triton", "policy.token_budget=32"], ("chunks", "prefix", "triton")),
 }
 
 
@@ -46,6 +50,9 @@ def test_greedy_ids_equal_hf_generate(model_and_reference, tmp_path, scenario):
         assert req["prefix_cached_tokens"].sum() > 0
     if "preempt" in needs:
         assert req["preemptions"].sum() > 0
+    if "triton" in needs:
+        pytest.importorskip("triton")
+        assert json.loads((tmp_path / "summary.json").read_text())["kv"]["kernels"] == "triton"
     steps = pd.read_parquet(tmp_path / "steps.parquet")
     assert steps["predicted_s"].notna().all() and (steps["duration_s"] > 0).all()
 

@@ -57,7 +57,7 @@ def load_model_for(cfg, device: torch.device, tp_rank: int = 0, tp_size: int = 1
                          "or use model.weights=dummy")
     hf_config = read_hf_config(source) if source else read_hf_config(str(resolve_config_path(cfg.model.config_path)))
     torch.manual_seed(cfg.seed)
-    model = build_model(hf_config, e.dtype, device, e.attention, tp_rank, tp_size, tp_group)
+    model = build_model(hf_config, e.dtype, device, e.attention, tp_rank, tp_size, tp_group, e.kernels)
     report = load_weights(model, "dummy" if cfg.model.weights == "dummy" else source, seed=cfg.seed)
     log.info("rank %d weights: %s", tp_rank, report)
     return model, report
@@ -105,5 +105,5 @@ def make_executor(cfg, spec, model, sched, device) -> EngineExecutor:
 def engine_info(cfg, sched, device, report, executor) -> dict:
     e = cfg.engine
     return {"num_pages": sched.cfg.num_pages, "page_size": e.page_size, "device": str(device), "tp": e.tp,
-            "attention": e.attention, "weights": str(report), "cuda_graphs": executor.graphs is not None,
+            "attention": e.attention, "kernels": executor.model.ops.name, "weights": str(report), "cuda_graphs": executor.graphs is not None,
             "overlap": e.overlap, "cost_model": repr(executor.cost_model)}

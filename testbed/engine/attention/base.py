@@ -17,9 +17,10 @@ class AttentionBackend(ABC):
     """Paged attention over a :class:`KVPool`, one instance shared by all layers of a model.
 
     Per step the model calls :meth:`prepare` once with the batch (plan kernels, build
-    per-request metadata), then each layer calls :meth:`forward`, which writes the new
-    tokens' K/V into the pool at ``fb.out_cache_loc`` and attends each new token to its
-    request's context (cached prefix + new tokens, causal).
+    per-request metadata), then each layer stores the new tokens' K/V into the pool at
+    ``fb.out_cache_loc`` (the model's ops fuse that into RoPE) and calls :meth:`attend`,
+    which attends each new token to its request's context (cached prefix + new tokens,
+    causal). :meth:`forward` is both, for callers holding k and v.
 
     Head counts are those of this tensor-parallel rank.
     """
@@ -55,7 +56,8 @@ class AttentionBackend(ABC):
             )
         self.kv_pool = pool
 
-    def _pool(self) -> KVPool:
+    @property
+    def pool(self) -> KVPool:
         if self.kv_pool is None:
             raise RuntimeError(
                 f"attention backend {self.name!r} has no KV pool: call model.attach_kv_pool(...) "
@@ -68,7 +70,13 @@ class AttentionBackend(ABC):
         """Per-step setup, once before the layers run."""
 
     @abstractmethod
+    def attend(self, layer_id: int, q: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        """q [T, qo_heads, D] of the new tokens, whose K/V are already in the pool ->
+        output [T, qo_heads, D]."""
+
     def forward(
         self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fb: ForwardBatch
     ) -> torch.Tensor:
-        """q [T, qo_heads, D], k/v [T, kv_heads, D] of the new tokens -> output [T, qo_heads, D]."""
+        """Store k/v [T, kv_heads, D] of the new tokens, then :meth:`attend`."""
+        self.pool.write(layer_id, fb.out_cache_loc, k, v)
+        return self.attend(layer_id, q, fb)

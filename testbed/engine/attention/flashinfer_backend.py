@@ -6,7 +6,7 @@ table (page ids = slot of every page_size-th position // page_size, plus last-pa
 and plans one wrapper: ``BatchDecodeWithPagedKVCacheWrapper`` for decode batches, else
 ``BatchPrefillWithPagedKVCacheWrapper`` (causal; the mask is aligned to the end of the
 context, so cached prefixes and mixed decode/prefill batches work). Every layer then only
-writes its new K/V into the pool and calls ``run``.
+calls ``run`` (its new K/V are in the pool already).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         self._wrapper = None
 
     def prepare(self, fb: ForwardBatch) -> None:
-        pool = self._pool()
+        pool = self.pool
         if fb.page_size != pool.page_size:
             raise ValueError(f"batch page_size {fb.page_size} != KV pool page_size {pool.page_size}")
         # flashinfer reads indptrs and last-page lengths on the host while planning: derive
@@ -84,7 +84,7 @@ class FlashInferAttentionBackend(AttentionBackend):
             self._wrapper = self._prefill
 
     def _options(self) -> dict:
-        return dict(sm_scale=self.sm_scale, q_data_type=self.dtype, kv_data_type=self._pool().dtype)
+        return dict(sm_scale=self.sm_scale, q_data_type=self.dtype, kv_data_type=self.pool.dtype)
 
     def plan_decode(self, wrapper, page_indptr, page_ids, last_page_len, page_size: int) -> None:
         """Plan a decode wrapper (the step's own, or a CUDA graph's) and use it for this step."""
@@ -104,11 +104,7 @@ class FlashInferAttentionBackend(AttentionBackend):
             paged_kv_last_page_len_buffer=torch.empty(batch_size, dtype=torch.int32, device=self.device),
         )
 
-    def forward(
-        self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fb: ForwardBatch
-    ) -> torch.Tensor:
-        pool = self._pool()
-        pool.write(layer_id, fb.out_cache_loc, k, v)
+    def attend(self, layer_id: int, q: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         if self._wrapper is None:
-            raise RuntimeError("FlashInferAttentionBackend.forward before prepare(fb)")
-        return self._wrapper.run(q.contiguous(), pool.paged(layer_id))
+            raise RuntimeError("FlashInferAttentionBackend.attend before prepare(fb)")
+        return self._wrapper.run(q.contiguous(), self.pool.paged(layer_id))

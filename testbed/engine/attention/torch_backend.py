@@ -33,11 +33,8 @@ class TorchAttentionBackend(AttentionBackend):
                 mask = torch.arange(ctx, device=device)[None, :] <= q_pos[:, None]
             self._segments.append((qo[i], qo[i + 1], slots, mask))
 
-    def forward(
-        self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fb: ForwardBatch
-    ) -> torch.Tensor:
-        pool = self._pool()
-        pool.write(layer_id, fb.out_cache_loc, k, v)
+    def attend(self, layer_id: int, q: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        pool = self.pool
         k_buf, v_buf = pool.k[layer_id], pool.v[layer_id]
         group = self.num_qo_heads // self.num_kv_heads
         out = torch.empty_like(q)

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from testbed.engine.attention import AttentionBackend, make_attention_backend
+from testbed.engine.kernels import make_ops, resolve_kernels
 from testbed.engine.model.config import (
     SUPPORTED_ARCHITECTURES,
     ModelConfig,
@@ -56,10 +57,12 @@ def build_model(
     tp_rank: int = 0,
     tp_size: int = 1,
     tp_group: Any = None,
+    kernels: str = "auto",
 ) -> CausalLM:
     """An (uninitialised) model for an HF config (PretrainedConfig, dict, config.json or dir).
 
-    ``attention_backend`` is a backend name ("torch", "flashinfer") or a ready instance.
+    ``attention_backend`` is a backend name ("torch", "flashinfer") or a ready instance;
+    ``kernels`` the elementwise ops ("torch", "triton", "auto": triton on CUDA).
     Under tensor parallelism (tp_size > 1, torch.distributed initialised) each rank builds
     its shard; weights are sliced at load time.
     """
@@ -77,7 +80,7 @@ def build_model(
             dtype=dtype,
             device=device,
         )
-    return CausalLM(cfg, attention_backend, tp, dtype, device)
+    return CausalLM(cfg, attention_backend, tp, dtype, device, make_ops(resolve_kernels(kernels, device)))
 
 
 def load_weights(model: CausalLM, path_or_dummy: str | Path, *, seed: int = 0, dummy_std: float = 0.02):

@@ -1,5 +1,5 @@
-"""Self-attention block: fused qkv projection, optional per-head q/k RMSNorm (Qwen3), RoPE,
-paged attention through the backend, output projection."""
+"""Self-attention block: fused qkv projection; q/k RMSNorm (Qwen3), RoPE and the K/V store
+into the paged pool in one op; paged attention through the backend; output projection."""
 
 from __future__ import annotations
 
@@ -8,19 +8,20 @@ import torch.nn as nn
 
 from testbed.engine.attention.base import AttentionBackend
 from testbed.engine.forward_batch import ForwardBatch
+from testbed.engine.kernels import Ops
 from testbed.engine.model.config import ModelConfig
 from testbed.engine.model.norm import RMSNorm
 from testbed.engine.model.parallel import QKVParallelLinear, RowParallelLinear, TensorParallel
-from testbed.engine.model.rotary import apply_rotary
 
 __all__ = ["SelfAttention"]
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int, tp: TensorParallel, dtype, device) -> None:
+    def __init__(self, cfg: ModelConfig, layer_id: int, tp: TensorParallel, ops: Ops, dtype, device) -> None:
         super().__init__()
-        self.layer_id = layer_id
+        self.layer_id, self.ops = layer_id, ops
         self.head_dim = cfg.head_dim
+        self.eps = cfg.rms_norm_eps
         self.qkv_proj = QKVParallelLinear(
             cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.qkv_bias, tp, dtype, device
         )
@@ -30,8 +31,8 @@ class SelfAttention(nn.Module):
             cfg.num_heads * cfg.head_dim, cfg.hidden_size, cfg.o_bias, tp, dtype, device
         )
         if cfg.qk_norm:
-            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, dtype, device)
-            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, dtype, device)
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, ops, dtype, device)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, ops, dtype, device)
         else:
             self.q_norm = self.k_norm = None
 
@@ -43,15 +44,10 @@ class SelfAttention(nn.Module):
         backend: AttentionBackend,
     ) -> torch.Tensor:
         T = x.shape[0]
-        q, k, v = self.qkv_proj.split(self.qkv_proj(x))
-        q = q.view(T, self.num_heads, self.head_dim)
-        k = k.view(T, self.num_kv_heads, self.head_dim)
-        v = v.view(T, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+        pool = backend.pool
         cos, sin = rope
-        # one rotary over q and k heads together: half the kernels of two
-        qk = apply_rotary(torch.cat((q, k), dim=1), cos, sin)
-        q, k = qk[:, : self.num_heads], qk[:, self.num_heads:]
-        o = backend.forward(self.layer_id, q, k, v, fb)
+        norms = (self.q_norm.weight, self.k_norm.weight) if self.q_norm is not None else (None, None)
+        q = self.ops.qkv_rope_store(self.qkv_proj(x), cos, sin, self.num_heads, self.num_kv_heads, *norms,
+                                    self.eps, pool.k[self.layer_id], pool.v[self.layer_id], fb.out_cache_loc)
+        o = backend.attend(self.layer_id, q, fb)
         return self.o_proj(o.reshape(T, self.num_heads * self.head_dim))

@@ -10,6 +10,7 @@ import torch.nn as nn
 from testbed.engine.attention.base import AttentionBackend
 from testbed.engine.attention.kv_pool import KVPool
 from testbed.engine.forward_batch import ForwardBatch
+from testbed.engine.kernels import Ops, make_ops
 from testbed.engine.model.attention import SelfAttention
 from testbed.engine.model.config import ModelConfig
 from testbed.engine.model.mlp import GatedMLP
@@ -24,18 +25,26 @@ WeightTarget = tuple[nn.Module, Any, tuple[int, ...]]
 
 
 class DecoderLayer(nn.Module):
-    """h = x + attn(norm(x)); out = h + mlp(norm(h))."""
+    """h = x + attn(norm(x)); out = h + mlp(norm(h)).
 
-    def __init__(self, cfg: ModelConfig, layer_id: int, tp: TensorParallel, dtype, device) -> None:
+    The residual stream is carried beside the layer's output and each add is fused into the
+    next norm: ``forward(x, residual)`` takes the previous layer's mlp output and the stream
+    before it (None at the first layer) and returns the same pair."""
+
+    def __init__(self, cfg: ModelConfig, layer_id: int, tp: TensorParallel, ops: Ops, dtype, device) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
-        self.self_attn = SelfAttention(cfg, layer_id, tp, dtype, device)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
-        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, tp, dtype, device)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops, dtype, device)
+        self.self_attn = SelfAttention(cfg, layer_id, tp, ops, dtype, device)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops, dtype, device)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, tp, ops, dtype, device)
 
-    def forward(self, x, rope, fb: ForwardBatch, backend: AttentionBackend) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, fb, backend)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, residual, rope, fb: ForwardBatch, backend: AttentionBackend):
+        if residual is None:
+            residual, h = x, self.input_layernorm(x)
+        else:
+            h, residual = self.input_layernorm.add(x, residual)
+        h, residual = self.post_attention_layernorm.add(self.self_attn(h, rope, fb, backend), residual)
+        return self.mlp(h), residual
 
 
 class CausalLM(nn.Module):
@@ -49,16 +58,18 @@ class CausalLM(nn.Module):
         tp: TensorParallel,
         dtype: torch.dtype,
         device: torch.device | str,
+        ops: Ops | None = None,
     ) -> None:
         super().__init__()
         self.config, self.tp, self.dtype, self.device = cfg, tp, dtype, torch.device(device)
+        self.ops = ops = ops if ops is not None else make_ops("torch")
         self.attn_backend = backend
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp, dtype, device)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, device)
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg, i, tp, dtype, device) for i in range(cfg.num_layers)
+            DecoderLayer(cfg, i, tp, ops, dtype, device) for i in range(cfg.num_layers)
         )
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops, dtype, device)
         self.lm_head = ParallelLMHead(self.embed_tokens, cfg.tie_word_embeddings, dtype, device)
 
     # --- KV cache -------------------------------------------------------------------
@@ -95,10 +106,11 @@ class CausalLM(nn.Module):
     def forward_prepared(self, fb: ForwardBatch) -> torch.Tensor:
         """The layers alone, after the backend was prepared: what a CUDA graph captures."""
         rope = self.rotary(fb.positions)
-        x = self.embed_tokens(fb.input_ids)
+        x, residual = self.embed_tokens(fb.input_ids), None
         for layer in self.layers:
-            x = layer(x, rope, fb, self.attn_backend)
-        x = self.norm(x[fb.last_token_index()])
+            x, residual = layer(x, residual, rope, fb, self.attn_backend)
+        last = fb.last_token_index()  # only the rows that sample need the final norm
+        x, _ = self.norm.add(x[last], residual[last])
         return self.lm_head(x).float()
 
     # --- weights --------------------------------------------------------------------

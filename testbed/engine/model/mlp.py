@@ -4,21 +4,21 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
+from testbed.engine.kernels import Ops
 from testbed.engine.model.parallel import MergedColumnParallelLinear, RowParallelLinear, TensorParallel
 
 __all__ = ["GatedMLP"]
 
 
 class GatedMLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int, bias: bool, tp: TensorParallel, dtype, device):
+    def __init__(self, hidden: int, intermediate: int, bias: bool, tp: TensorParallel, ops: Ops, dtype, device):
         super().__init__()
+        self.ops = ops
         self.gate_up_proj = MergedColumnParallelLinear(
             hidden, [intermediate, intermediate], bias, tp, dtype, device
         )
         self.down_proj = RowParallelLinear(intermediate, hidden, bias, tp, dtype, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.ops.silu_mul(self.gate_up_proj(x)))

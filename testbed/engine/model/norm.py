@@ -1,25 +1,27 @@
-"""RMSNorm (computed in float32, as the HF reference does)."""
+"""RMSNorm (computed in float32, as the HF reference does), by the model's ops."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
+
+from testbed.engine.kernels import Ops
 
 __all__ = ["RMSNorm"]
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float, dtype: torch.dtype, device) -> None:
+    def __init__(self, dim: int, eps: float, ops: Ops, dtype: torch.dtype, device) -> None:
         super().__init__()
-        self.eps = eps
+        self.eps, self.ops = eps, ops
         self.weight = nn.Parameter(torch.ones(dim, dtype=dtype, device=device), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # torch's rms_norm is one fused kernel on CUDA (fewer nodes in every decode graph)
-        dtype = x.dtype
-        x = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
-        return self.weight * x.to(dtype)
+        return self.ops.rmsnorm(x, self.weight, self.eps)
+
+    def add(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual): the residual add fused into the norm."""
+        return self.ops.add_rmsnorm(x, residual, self.weight, self.eps)
 
     def hf_shapes(self) -> dict[str, tuple[int, ...]]:
         return {"weight": tuple(self.weight.shape)}

@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn as nn
 
-__all__ = ["rope_inv_freq", "RotaryEmbedding", "apply_rotary"]
+__all__ = ["rope_inv_freq", "RotaryEmbedding"]
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> torch.Tensor:
@@ -52,10 +52,3 @@ class RotaryEmbedding(nn.Module):
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
         return freqs.cos(), freqs.sin()
 
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, heads, D]: rotate the pairs (x[i], x[i + D/2]) by position angles, in float32."""
-    dtype = x.dtype
-    x1, x2 = x.float().chunk(2, dim=-1)
-    cos, sin = cos[:, None, :], sin[:, None, :]
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(dtype)
