@@ -41,6 +41,8 @@ def compose(overrides):
 def throughput(model: str, overlap: bool, extra) -> dict:
     """One `python -m testbed.run` per configuration: each gets a fresh process and GPU."""
     import subprocess
+
+    import pandas as pd
     with tempfile.TemporaryDirectory() as d:
         args = [sys.executable, "-m", "testbed.run", "backend=engine", f"model={model}", "model.weights=dummy",
                 f"engine.overlap={overlap}", "progress=false", *WORKLOAD, *extra, f"hydra.run.dir={d}"]
@@ -48,11 +50,19 @@ def throughput(model: str, overlap: bool, extra) -> dict:
         if p.returncode != 0:
             raise RuntimeError(f"{' '.join(args)} failed:\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
         s = json.loads((Path(d) / "summary.json").read_text())
+        steps = pd.read_parquet(Path(d) / "steps.parquet")
     m = s["metrics"]
+    prefill = steps["prefill_tokens"] > 0
+    # where the device time went, and how much of the run the device was busy
+    device_time = {"prefill_steps_s": float(steps.loc[prefill, "duration_s"].sum()),
+                   "decode_steps_s": float(steps.loc[~prefill, "duration_s"].sum()),
+                   "prefill_steps": int(prefill.sum()), "decode_steps": int((~prefill).sum())}
+    device_time["busy_fraction"] = (device_time["prefill_steps_s"] + device_time["decode_steps_s"]) / m["duration_s"]
     return {"model": model, "overlap": overlap, "output_throughput": m["output_throughput"],
             "total_token_throughput": m["total_token_throughput"], "duration_s": m["duration_s"],
             "input_tokens": m["total_input_tokens"], "output_tokens": m["total_output_tokens"],
-            "num_steps": m.get("num_steps"), "mean_batch_reqs": m.get("mean_batch_reqs"), "kv": s["kv"]}
+            "num_steps": m.get("num_steps"), "mean_batch_reqs": m.get("mean_batch_reqs"), "device_time": device_time,
+            "kv": s["kv"]}
 
 
 def decode_steps(model: str, batches, context: int, reps: int, extra, profile: bool = False) -> list[dict]:
@@ -91,6 +101,7 @@ def decode_steps(model: str, batches, context: int, reps: int, extra, profile: b
                     plan = sched.schedule(0.0)
                     sched.complete(plan, ex.run(plan), 0.0)
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12), flush=True)
+            print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=15), flush=True)
         for r in reqs:
             sched.abort(r, 0.0)
         med = statistics.median(times[2:])
@@ -107,6 +118,8 @@ def decode_steps(model: str, batches, context: int, reps: int, extra, profile: b
 def decode_in_subprocess(model: str, a) -> list[dict]:
     """Each model's decode benchmark in its own process: its KV pool takes most of the GPU."""
     import subprocess
+
+    import pandas as pd
     with tempfile.TemporaryDirectory() as d:
         rows = Path(d) / "rows.json"
         args = [sys.executable, __file__, "--models", model, "--decode-batches", a.decode_batches, "--context",
@@ -151,7 +164,9 @@ def main() -> None:
                 row = throughput(model, ov == "true", a.extra)
                 out["throughput"].append(row)
                 print(f"{model} overlap={ov}: {row['output_throughput']:,.0f} output tok/s "
-                      f"({row['input_tokens']} in / {row['output_tokens']} out, {row['duration_s']:.2f} s)", flush=True)
+                      f"({row['input_tokens']} in / {row['output_tokens']} out, {row['duration_s']:.2f} s; device: "
+                      f"prefill {row['device_time']['prefill_steps_s']:.2f} s, decode {row['device_time']['decode_steps_s']:.2f} s, "
+                      f"busy {row['device_time']['busy_fraction']:.0%})", flush=True)
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(out, indent=2, default=str))
     print(f"wrote {a.out}")

@@ -38,6 +38,8 @@ class EngineConfig:
     device: str = "cuda"  # cuda | cpu (the engine's torch reference path)
     attention: str = "flashinfer"  # flashinfer | torch
     kernels: str = "auto"  # elementwise ops: triton | torch | auto (triton on CUDA, torch on the CPU)
+    # flashinfer decode through its tensor-core (prefill) kernel; null: when q heads / kv heads >= 4
+    decode_tensor_cores: Optional[bool] = None
     dtype: str = "bfloat16"
     overlap: bool = True
     cuda_graph_max_bs: int = 256  # 0 disables CUDA graphs

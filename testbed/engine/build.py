@@ -57,7 +57,12 @@ def load_model_for(cfg, device: torch.device, tp_rank: int = 0, tp_size: int = 1
                          "or use model.weights=dummy")
     hf_config = read_hf_config(source) if source else read_hf_config(str(resolve_config_path(cfg.model.config_path)))
     torch.manual_seed(cfg.seed)
-    model = build_model(hf_config, e.dtype, device, e.attention, tp_rank, tp_size, tp_group, e.kernels)
+    options = {}
+    if e.decode_tensor_cores is not None:
+        if e.attention != "flashinfer":
+            raise ValueError(f"engine.decode_tensor_cores is a flashinfer option; engine.attention is {e.attention!r}")
+        options["decode_use_tensor_cores"] = e.decode_tensor_cores
+    model = build_model(hf_config, e.dtype, device, e.attention, tp_rank, tp_size, tp_group, e.kernels, options)
     report = load_weights(model, "dummy" if cfg.model.weights == "dummy" else source, seed=cfg.seed)
     log.info("rank %d weights: %s", tp_rank, report)
     return model, report

@@ -58,11 +58,13 @@ def build_model(
     tp_size: int = 1,
     tp_group: Any = None,
     kernels: str = "auto",
+    attention_options: dict | None = None,
 ) -> CausalLM:
     """An (uninitialised) model for an HF config (PretrainedConfig, dict, config.json or dir).
 
     ``attention_backend`` is a backend name ("torch", "flashinfer") or a ready instance;
-    ``kernels`` the elementwise ops ("torch", "triton", "auto": triton on CUDA).
+    ``kernels`` the elementwise ops ("torch", "triton", "auto": triton on CUDA);
+    ``attention_options`` more keyword arguments for the named backend's constructor.
     Under tensor parallelism (tp_size > 1, torch.distributed initialised) each rank builds
     its shard; weights are sliced at load time.
     """
@@ -79,6 +81,7 @@ def build_model(
             head_dim=cfg.head_dim,
             dtype=dtype,
             device=device,
+            **(attention_options or {}),
         )
     return CausalLM(cfg, attention_backend, tp, dtype, device, make_ops(resolve_kernels(kernels, device)))
 
