@@ -238,7 +238,7 @@ class _FakePagedWrapper:
 
     def __init__(self, float_workspace_buffer, kv_layout="NHD", use_tensor_cores=False, backend="auto"):
         assert kv_layout == "NHD"
-        assert backend in ("auto", "fa2")  # the engine pins fa2 (the prebuilt kernels)
+        assert backend in ("auto", "fa2", "fa3")  # auto: the non-tensor-core decode kernel (no template choice)
         self._plan = None
 
     def _check(self, indptr, indices, last_page_len, page_size):

@@ -118,22 +118,25 @@ class ModuleSpec:
 
 
 def modules_for_shape(
-    num_qo_heads: int, num_kv_heads: int, head_dim: int, decode_use_tensor_cores: bool | None = None
+    num_qo_heads: int, num_kv_heads: int, head_dim: int, decode_use_tensor_cores: bool | None = None,
+    backend: str = "fa2",
 ) -> list[ModuleSpec]:
     """Modules the flashinfer backend plans for one model shape (its default for
-    ``decode_use_tensor_cores``: GQA group >= 4)."""
+    ``decode_use_tensor_cores``: GQA group >= 4) with one kernel template (``engine.flashinfer_backend``)."""
     if decode_use_tensor_cores is None:
         decode_use_tensor_cores = num_qo_heads // num_kv_heads >= 4
-    prefill = ModuleSpec("prefill", head_dim)
+    prefill = ModuleSpec("prefill", head_dim, backend)
     decode = prefill if decode_use_tensor_cores else ModuleSpec("decode", head_dim)
     return sorted({prefill, decode})
 
 
-def default_specs(shapes: dict[str, tuple[int, int, int]] | None = None) -> list[ModuleSpec]:
-    """The union over :data:`MODEL_SHAPES` (or ``shapes``)."""
+def default_specs(shapes: dict[str, tuple[int, int, int]] | None = None,
+                  backends: tuple[str, ...] = ("fa2",)) -> list[ModuleSpec]:
+    """The union over :data:`MODEL_SHAPES` (or ``shapes``) and the kernel templates."""
     out: set[ModuleSpec] = set()
     for q, kv, hd in (shapes or MODEL_SHAPES).values():
-        out.update(modules_for_shape(q, kv, hd))
+        for b in backends:
+            out.update(modules_for_shape(q, kv, hd, backend=b))
     return sorted(out)
 
 
@@ -360,8 +363,8 @@ def make_venv(venv: Path = DEFAULT_VENV, python: str | None = None, log=print) -
     return py
 
 
-def select_specs(only: list[str] | None) -> list[ModuleSpec]:
-    specs = default_specs()
+def select_specs(only: list[str] | None, backends: tuple[str, ...] = ("fa2",)) -> list[ModuleSpec]:
+    specs = default_specs(backends=backends)
     if not only:
         return specs
     chosen = [s for s in specs if any(o in s.uri or o == f"{s.kind}{s.head_dim}" for o in only)]
@@ -389,6 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--arch", default=DEFAULT_ARCH, help="FLASHINFER_CUDA_ARCH_LIST")
     p.add_argument("--jobs", type=int, default=None, help="parallel nvcc jobs (MAX_JOBS; default: ninja's)")
     p.add_argument("--only", nargs="*", default=None, help="e.g. prefill128 decode64, or part of a URI")
+    p.add_argument("--backends", nargs="+", default=["fa2"], choices=["fa2", "fa3"],
+                   help="kernel templates (engine.flashinfer_backend); fa3 needs curand headers on CPATH")
     p.add_argument("--force", action="store_true", help="rebuild modules already in --out")
     p.add_argument("--venv", type=Path, default=DEFAULT_VENV, help="used when flashinfer is not importable here")
     p.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
@@ -410,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
         install(args.aot, args.site, force=args.force)
         return 0
     # build
-    specs = select_specs(args.only)
+    specs = select_specs(args.only, tuple(args.backends))
     if args.in_process or has_flashinfer():
         manifest = build_in_process(specs, args.out, args.workdir, args.arch, args.jobs, args.force)
         total = manifest["total_bytes"]
@@ -429,6 +434,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd += ["--jobs", str(args.jobs)]
     if args.only:
         cmd += ["--only", *args.only]
+    cmd += ["--backends", *args.backends]
     if args.force:
         cmd.append("--force")
     return subprocess.call(cmd)

@@ -19,6 +19,7 @@ from testbed.engine.forward_batch import ForwardBatch, paged_kv_layout
 __all__ = ["FlashInferAttentionBackend"]
 
 DEFAULT_WORKSPACE_BYTES = 256 * 1024 * 1024
+KERNEL_BACKENDS = ("fa2", "fa3")  # fa3: Hopper (sm90) kernels
 
 
 class FlashInferAttentionBackend(AttentionBackend):
@@ -35,6 +36,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         sm_scale: float | None = None,
         workspace_bytes: int = DEFAULT_WORKSPACE_BYTES,
         decode_use_tensor_cores: bool | None = None,
+        kernel_backend: str = "fa2",
     ) -> None:
         super().__init__(num_qo_heads, num_kv_heads, head_dim, dtype, device, sm_scale)
         try:
@@ -46,17 +48,22 @@ class FlashInferAttentionBackend(AttentionBackend):
             ) from e
         if self._require_cuda and self.device.type != "cuda":
             raise ValueError(f"attention backend 'flashinfer' runs on CUDA, got device {self.device}")
+        if kernel_backend not in KERNEL_BACKENDS:
+            raise ValueError(f"flashinfer kernel backend {kernel_backend!r} is not one of {', '.join(KERNEL_BACKENDS)}")
         if decode_use_tensor_cores is None:
             # The tensor-core (prefill-kernel) decode path pays off for wide GQA groups.
             decode_use_tensor_cores = num_qo_heads // num_kv_heads >= 4
         self.workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=self.device)
         # One workspace for both: only one of the two wrappers runs in a step.
-        # fa2 pinned: "auto" picks fa3 on Hopper, one more kernel to compile per machine
-        # (benchmarks/... prebuilt modules: testbed/engine/attention/aot.py)
-        self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, kv_layout="NHD", backend="fa2")
+        # The kernel template is pinned, not "auto" (which picks fa3 on Hopper for prefill
+        # and fa2 for decode): each is a module to prebuild (testbed/engine/attention/aot.py).
+        # The tensor-core decode path runs the same prefill template.
+        self.kernel_backend = kernel_backend
+        self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            self.workspace, kv_layout="NHD", backend=kernel_backend)
         self._tensor_cores = decode_use_tensor_cores
         self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            self.workspace, kv_layout="NHD", use_tensor_cores=decode_use_tensor_cores
+            self.workspace, kv_layout="NHD", use_tensor_cores=decode_use_tensor_cores, **self._decode_backend()
         )
         self._wrapper = None
 
@@ -102,7 +109,11 @@ class FlashInferAttentionBackend(AttentionBackend):
             paged_kv_indptr_buffer=torch.empty(batch_size + 1, dtype=torch.int32, device=self.device),
             paged_kv_indices_buffer=indices_buffer,
             paged_kv_last_page_len_buffer=torch.empty(batch_size, dtype=torch.int32, device=self.device),
+            **self._decode_backend(),
         )
+
+    def _decode_backend(self) -> dict:
+        return {"backend": self.kernel_backend} if self._tensor_cores else {}
 
     def attend(self, layer_id: int, q: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         if self._wrapper is None:

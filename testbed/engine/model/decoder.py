@@ -48,8 +48,9 @@ class DecoderLayer(nn.Module):
 
 
 class CausalLM(nn.Module):
-    """Decoder-only LM over the paged KV cache. ``forward(fb)`` -> float32 logits [B, vocab]
-    of each request's last new token."""
+    """Decoder-only LM over the paged KV cache. ``forward(fb)`` -> logits [B, vocab] (model dtype)
+    of each request's last new token. Not upcast here: greedy argmax is the same on the
+    exact float32 copy, and the sampler upcasts only when it samples."""
 
     def __init__(
         self,
@@ -111,7 +112,7 @@ class CausalLM(nn.Module):
             x, residual = layer(x, residual, rope, fb, self.attn_backend)
         last = fb.last_token_index()  # only the rows that sample need the final norm
         x, _ = self.norm.add(x[last], residual[last])
-        return self.lm_head(x).float()
+        return self.lm_head(x)
 
     # --- weights --------------------------------------------------------------------
     def weight_map(self) -> dict[str, WeightTarget]:
