@@ -28,7 +28,7 @@ def main() -> None:
     ap.add_argument("--model", default="qwen3_0_6b")
     ap.add_argument("--page-size", type=int, default=1)
     ap.add_argument("--layers", type=int, default=0, help="cut the model to this many layers (0: all)")
-    ap.add_argument("--flashinfer-backend", default="fa2", help="kernel template: fa2 | fa3")
+    ap.add_argument("--prefill-backend", default="fa2", help="flashinfer prefill template: fa2 | fa3")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     hf = read_hf_config(str(resolve_config_path(f"hf/{a.model}.json")))
@@ -39,7 +39,7 @@ def main() -> None:
     ref_name = "torch+torch"
     for name in (ref_name, "flashinfer+torch", "torch+triton", "flashinfer+triton"):
         attention, kernels = name.split("+")
-        options = {"kernel_backend": a.flashinfer_backend} if attention == "flashinfer" else None
+        options = {"prefill_backend": a.prefill_backend} if attention == "flashinfer" else None
         m = build_model(hf, torch.bfloat16, dev, attention, kernels=kernels, attention_options=options)
         load_weights(m, "dummy", seed=0)
         m.create_kv_pool(8192, a.page_size)
@@ -102,7 +102,7 @@ def main() -> None:
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps({"model": a.model, "page_size": P, "layers": a.layers or "all",
-                                           "flashinfer_backend": a.flashinfer_backend, "reference": ref_name,
+                                           "prefill_backend": a.prefill_backend, "reference": ref_name,
                                            "results": results}, indent=2))
 
 

@@ -40,7 +40,7 @@ class EngineConfig:
     kernels: str = "auto"  # elementwise ops: triton | torch | auto (triton on CUDA, torch on the CPU)
     # flashinfer decode through its tensor-core (prefill) kernel; null: when q heads / kv heads >= 4
     decode_tensor_cores: Optional[bool] = None
-    flashinfer_backend: str = "fa2"  # kernel template of prefill and tensor-core decode: fa2 | fa3 (Hopper)
+    prefill_backend: str = "fa2"  # flashinfer prefill kernel template: fa2 | fa3 (Hopper)
     dtype: str = "bfloat16"
     overlap: bool = True
     cuda_graph_max_bs: int = 256  # 0 disables CUDA graphs

@@ -62,10 +62,10 @@ def load_model_for(cfg, device: torch.device, tp_rank: int = 0, tp_size: int = 1
         if e.attention != "flashinfer":
             raise ValueError(f"engine.decode_tensor_cores is a flashinfer option; engine.attention is {e.attention!r}")
         options["decode_use_tensor_cores"] = e.decode_tensor_cores
-    if e.flashinfer_backend != "fa2":
+    if e.prefill_backend != "fa2":
         if e.attention != "flashinfer":
-            raise ValueError(f"engine.flashinfer_backend is a flashinfer option; engine.attention is {e.attention!r}")
-        options["kernel_backend"] = e.flashinfer_backend
+            raise ValueError(f"engine.prefill_backend is a flashinfer option; engine.attention is {e.attention!r}")
+        options["prefill_backend"] = e.prefill_backend
     model = build_model(hf_config, e.dtype, device, e.attention, tp_rank, tp_size, tp_group, e.kernels, options)
     report = load_weights(model, "dummy" if cfg.model.weights == "dummy" else source, seed=cfg.seed)
     log.info("rank %d weights: %s", tp_rank, report)

@@ -78,8 +78,9 @@ class EngineExecutor:
             logits = self.graphs.run(fb)
         else:
             logits = self.model(fb)
-        sel = torch.from_numpy(hb.sample_idx).to(self.device, non_blocking=nb)
-        ids = sample(logits[sel], params)
+        if len(hb.sample_idx) < logits.shape[0]:  # rows mid-prefill sample nothing
+            logits = logits[torch.from_numpy(hb.sample_idx).to(self.device, non_blocking=nb)]
+        ids = sample(logits, params)
         self.last_token[torch.from_numpy(hb.sample_rows).to(self.device, non_blocking=nb)] = ids
         if self.cuda:
             host = self._host[self._turn][: ids.numel()]

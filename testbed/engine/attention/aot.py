@@ -122,11 +122,12 @@ def modules_for_shape(
     backend: str = "fa2",
 ) -> list[ModuleSpec]:
     """Modules the flashinfer backend plans for one model shape (its default for
-    ``decode_use_tensor_cores``: GQA group >= 4) with one kernel template (``engine.flashinfer_backend``)."""
+    ``decode_use_tensor_cores``: GQA group >= 4) with one prefill template (``engine.prefill_backend``)."""
     if decode_use_tensor_cores is None:
         decode_use_tensor_cores = num_qo_heads // num_kv_heads >= 4
     prefill = ModuleSpec("prefill", head_dim, backend)
-    decode = prefill if decode_use_tensor_cores else ModuleSpec("decode", head_dim)
+    # tensor-core decode always runs the fa2 prefill template (flashinfer_backend.py says why)
+    decode = ModuleSpec("prefill", head_dim) if decode_use_tensor_cores else ModuleSpec("decode", head_dim)
     return sorted({prefill, decode})
 
 
@@ -393,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=None, help="parallel nvcc jobs (MAX_JOBS; default: ninja's)")
     p.add_argument("--only", nargs="*", default=None, help="e.g. prefill128 decode64, or part of a URI")
     p.add_argument("--backends", nargs="+", default=["fa2"], choices=["fa2", "fa3"],
-                   help="kernel templates (engine.flashinfer_backend); fa3 needs curand headers on CPATH")
+                   help="prefill templates (engine.prefill_backend); fa3 needs curand headers on CPATH")
     p.add_argument("--force", action="store_true", help="rebuild modules already in --out")
     p.add_argument("--venv", type=Path, default=DEFAULT_VENV, help="used when flashinfer is not importable here")
     p.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
