@@ -9,6 +9,7 @@ import torch
 from testbed.assemble import make_scheduler
 from testbed.engine.driver import RealtimeDriver
 from testbed.engine.executor import EngineExecutor
+from testbed.engine.kernels import resolve_kernels
 from testbed.engine.model import build_model, load_weights
 from testbed.engine.model.config import read_hf_config
 from testbed.modelspec import resolve_config_path
@@ -114,5 +115,5 @@ def make_executor(cfg, spec, model, sched, device) -> EngineExecutor:
 def engine_info(cfg, sched, device, report, executor) -> dict:
     e = cfg.engine
     return {"num_pages": sched.cfg.num_pages, "page_size": e.page_size, "device": str(device), "tp": e.tp,
-            "attention": e.attention, "kernels": executor.model.ops.name, "weights": str(report), "cuda_graphs": executor.graphs is not None,
+            "attention": e.attention, "kernels": resolve_kernels(e.kernels, device), "weights": str(report), "cuda_graphs": executor.graphs is not None,
             "overlap": e.overlap, "cost_model": repr(executor.cost_model)}

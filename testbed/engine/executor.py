@@ -14,6 +14,8 @@ import torch
 
 from testbed.core import BatchPlan, StepResult
 from testbed.engine.batch_builder import HostBatch, build_host_batch
+from testbed.engine.forward_batch import ForwardBatch
+from testbed.engine.staging import PinnedUploader
 from testbed.engine.sampling import SamplingTensors, sample
 
 
@@ -50,6 +52,7 @@ class EngineExecutor:
         # each step would synchronise the device); three: one being written, one in flight, spare
         self._host = [torch.empty(num_rows, dtype=torch.int64, pin_memory=self.cuda) for _ in range(3)]
         self._turn = 0
+        self._uploader = PinnedUploader(device) if self.cuda else None
 
     def launch(self, plan: BatchPlan) -> StepHandle:
         t_launch = time.perf_counter()
@@ -62,12 +65,9 @@ class EngineExecutor:
                     predicted: float | None = None, t_launch: float | None = None) -> StepHandle:
         """Run a prepared batch (what tensor-parallel workers receive from rank 0)."""
         t_launch = time.perf_counter() if t_launch is None else t_launch
-        nb = self.cuda
-        fb = hb.fb.to(self.device, non_blocking=nb) if self.cuda else hb.fb
+        fb, pending_at, pending_rows, sample_idx, sample_rows = self._to_device(hb)
         if len(hb.pending_at):
-            at = torch.from_numpy(hb.pending_at).to(self.device, non_blocking=nb)
-            rows = torch.from_numpy(hb.pending_rows).to(self.device, non_blocking=nb)
-            fb.input_ids[at] = self.last_token[rows]
+            fb.input_ids[pending_at] = self.last_token[pending_rows]
         params = SamplingTensors.build(*sampling, hb.sample_steps.tolist(), device=self.device)
         start = end = None
         if self.cuda:
@@ -79,17 +79,31 @@ class EngineExecutor:
         else:
             logits = self.model(fb)
         if len(hb.sample_idx) < logits.shape[0]:  # rows mid-prefill sample nothing
-            logits = logits[torch.from_numpy(hb.sample_idx).to(self.device, non_blocking=nb)]
+            logits = logits[sample_idx]
         ids = sample(logits, params)
-        self.last_token[torch.from_numpy(hb.sample_rows).to(self.device, non_blocking=nb)] = ids
+        self.last_token[sample_rows] = ids
         if self.cuda:
             host = self._host[self._turn][: ids.numel()]
             self._turn = (self._turn + 1) % len(self._host)
             host.copy_(ids, non_blocking=True)
             end.record()
+            self._uploader.release()
         else:
             host = ids
         return StepHandle(plan, host, start, end, t_launch, predicted)
+
+    def _to_device(self, hb: HostBatch):
+        """The batch and the index arrays on the device: on CUDA through pinned staging
+        buffers, one asynchronous copy per dtype."""
+        f = hb.fb
+        extra = [hb.pending_at, hb.pending_rows, hb.sample_idx, hb.sample_rows]
+        if not self.cuda:
+            return (f, *(torch.from_numpy(a) for a in extra))
+        host = [f.input_ids, f.positions, f.qo_indptr, f.kv_indptr, f.kv_indices, f.out_cache_loc]
+        dev = self._uploader.upload([t.numpy() for t in host] + [np.ascontiguousarray(a) for a in extra])
+        fb = ForwardBatch(*dev[:6], is_decode=f.is_decode, page_size=f.page_size,
+                          qo_indptr_cpu=f.qo_indptr, kv_indptr_cpu=f.kv_indptr)
+        return (fb, *dev[6:])
 
     def collect(self, h: StepHandle) -> StepResult:
         if self.cuda:
