@@ -476,3 +476,14 @@ def test_one_token_last_chunk_still_shares_the_prompt():
     assert a.output_ids and a.cached_len == 15 and a.state.name == "RUNNING"
     assert s.cache.peek(a.prompt_ids) == 15  # shared while a is still running
     assert a.cache_owned_len == 15
+
+
+def test_token_slice_equals_token_ids_slices():
+    import numpy as np
+
+    from testbed.core import Request
+    r = Request(rid=0, arrival=0.0, prompt_len=5, max_new_tokens=8, prompt_ids=np.arange(10, 15, dtype=np.int32))
+    r.output_ids.extend([90, 91, 92])
+    for start in range(8):
+        for end in range(start, 9):
+            assert np.array_equal(r.token_slice(start, end), r.token_ids(end)[start:]), (start, end)

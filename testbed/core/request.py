@@ -121,6 +121,16 @@ class Request:
     def is_done(self) -> bool:
         return self.state in TERMINAL_STATES
 
+    def token_slice(self, start: int, end: int) -> np.ndarray:
+        """Tokens [start, end) of the known sequence, without building the whole of it (a
+        decode step reads one token; token_ids(end)[start:] would copy the sequence)."""
+        assert self.prompt_ids is not None
+        P = self.prompt_len
+        if end <= P:
+            return self.prompt_ids[start:end]
+        outs = np.asarray(self.output_ids[max(start - P, 0): end - P], dtype=np.int32)
+        return outs if start >= P else np.concatenate([self.prompt_ids[start:], outs])
+
     def token_ids(self, n: int) -> np.ndarray:
         """The first n tokens of the known sequence (prompt then delivered outputs)."""
         assert self.prompt_ids is not None

@@ -42,10 +42,10 @@ def build_host_batch(plan: BatchPlan, page_table: np.ndarray, page_size: int) ->
         known = r.prompt_len + len(r.output_ids)
         q0 = int(qo_indptr[i])
         if c + n <= known:
-            if c + n <= r.prompt_len:
-                ids[q0:q0 + n] = r.prompt_ids[c:c + n]
+            if n == 1 and c >= r.prompt_len:  # a decode of a delivered token
+                ids[q0] = r.output_ids[c - r.prompt_len]
             else:
-                ids[q0:q0 + n] = r.token_ids(c + n)[c:]
+                ids[q0:q0 + n] = r.token_slice(c, c + n)
         else:  # a decode whose input is the token sampled by a step in flight
             assert n == 1 and c == known, (r.rid, n, c, known)
             pending_at.append(q0)
