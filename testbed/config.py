@@ -11,6 +11,8 @@ from testbed.traces import TraceConfig
 
 BACKENDS = ("sim", "engine")
 DTYPES = ("bfloat16", "float16", "float32")
+KERNELS = ("auto", "torch", "triton")  # engine.kernels (testbed/engine/kernels)
+PREFILL_BACKENDS = ("fa2", "fa3")  # engine.prefill_backend: flashinfer prefill templates (fa3: Hopper)
 
 
 class ConfigError(ValueError):
@@ -95,6 +97,10 @@ def check(cfg: Config) -> None:
         bad("engine.dtype", e.dtype, ", ".join(DTYPES))
     if e.num_pages is not None and e.num_pages < 1:
         bad("engine.num_pages", e.num_pages, "null (size from memory) or an integer >= 1")
+    if e.kernels not in KERNELS:
+        bad("engine.kernels", e.kernels, ", ".join(KERNELS))
+    if e.prefill_backend not in PREFILL_BACKENDS:
+        bad("engine.prefill_backend", e.prefill_backend, ", ".join(PREFILL_BACKENDS))
     try:
         cfg.policy.validate()
     except ValueError as err:

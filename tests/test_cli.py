@@ -109,6 +109,8 @@ def test_file_trace_and_over_context(tmp_path):
     (["policy.order=random"], "policy.order"),
     (["trace.rate=-1"], "rate"),
     (["engine.page_size=0"], "engine.page_size"),
+    (["engine.kernels=fused"], "engine.kernels='fused' is invalid; allowed: auto, torch, triton"),
+    (["engine.prefill_backend=fa4"], "engine.prefill_backend"),
     (["model.config_path=/nope/config.json"], "/nope/config.json"),
 ])
 def test_bad_input_is_one_clear_line(tmp_path, args, needle):

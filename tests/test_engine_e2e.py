@@ -93,3 +93,7 @@ def test_engine_bad_inputs(tmp_path):
     (broken / "config.json").write_text(json.dumps(cfg))
     p = run_engine(broken, trace, tmp_path / "b3")
     assert p.returncode == 2 and "Traceback" not in p.stderr and "MixtralForCausalLM" in p.stderr.splitlines()[-1]
+    # a flashinfer option with the torch attention backend
+    p = run_engine(model_dir, trace, tmp_path / "b4", "engine.decode_tensor_cores=true")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "engine.decode_tensor_cores is a flashinfer option" in p.stderr.splitlines()[-1]

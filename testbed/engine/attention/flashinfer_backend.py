@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import torch
 
+from testbed.config import PREFILL_BACKENDS
 from testbed.engine.attention.base import AttentionBackend
 from testbed.engine.forward_batch import ForwardBatch, paged_kv_layout
 
 __all__ = ["FlashInferAttentionBackend"]
 
 DEFAULT_WORKSPACE_BYTES = 256 * 1024 * 1024
-PREFILL_BACKENDS = ("fa2", "fa3")  # fa3: Hopper (sm90) kernels
 
 
 class FlashInferAttentionBackend(AttentionBackend):

@@ -22,11 +22,10 @@ import os
 
 import torch
 
+from testbed.config import KERNELS
 from testbed.engine.kernels.base import Ops
 
 __all__ = ["Ops", "make_ops", "resolve_kernels", "KERNELS"]
-
-KERNELS = ("auto", "torch", "triton")
 
 
 def resolve_kernels(name: str, device: torch.device | str) -> str:
