@@ -120,6 +120,8 @@ class TritonOps(Ops):
         out = torch.empty(xs.shape, dtype=x.dtype, device=x.device)
         if residual is None:
             rs = ss = xs
+        elif residual.shape != x.shape:
+            raise ValueError(f"residual of shape {tuple(residual.shape)} for x of shape {tuple(x.shape)}")
         else:
             rs = _rows(residual)
             ss = torch.empty_like(out)
