@@ -60,13 +60,14 @@ class SamplingTensors:
             seed = [draw() if s is None else s for s in seed]
         temps = [float(t) for t in temperature]
         greedy = [t <= 0 for t in temps]
+        all_greedy = all(greedy)
         any_filter = any(
             not g and (k > 0 or p < 1.0) for g, k, p in zip(greedy, top_k, top_p)
         )
         # built on the host, then copied without blocking: torch.tensor(..., device="cuda")
         # would wait for the device to drain, and the engine overlaps this with a running step
         def put(values, dtype):
-            if all(greedy):  # sample() reads none of them: no copies
+            if all_greedy:  # sample() reads none of them: no copies
                 return torch.empty(0, dtype=dtype)
             return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
@@ -76,7 +77,7 @@ class SamplingTensors:
             top_p=put(top_p, torch.float32),
             seed=put([int(s) & (2**63 - 1) for s in seed], torch.int64),
             step=put(step, torch.int64),
-            all_greedy=all(greedy),
+            all_greedy=all_greedy,
             any_filter=any_filter,
         )
 

@@ -27,8 +27,7 @@ class PinnedUploader:
         self.cuda = self.device.type == "cuda"
         self._buffers: list[dict] = [{} for _ in range(slots)]  # per slot: numpy dtype -> (pinned, device)
         self._events: list[torch.cuda.Event | None] = [None] * slots
-        self._turn = 0
-        self._slot = 0
+        self._turn = 0  # the slot the next upload takes
 
     def _buffer(self, slot: int, dtype: np.dtype, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         have = self._buffers[slot].get(dtype)
@@ -41,7 +40,7 @@ class PinnedUploader:
 
     def upload(self, arrays: Sequence[np.ndarray]) -> list[torch.Tensor]:
         """Device tensors with the arrays' contents, shapes and dtypes (one copy per dtype)."""
-        slot = self._slot = self._turn
+        slot = self._turn
         self._turn = (slot + 1) % len(self._buffers)
         if self._events[slot] is not None:
             self._events[slot].synchronize()
@@ -69,4 +68,4 @@ class PinnedUploader:
             return
         ev = torch.cuda.Event()
         ev.record()
-        self._events[self._slot] = ev
+        self._events[(self._turn - 1) % len(self._events)] = ev  # the last upload's slot

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["KVPool"]
+__all__ = ["KVPool", "store_kv"]
+
+
+def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, loc: torch.Tensor, k: torch.Tensor,
+             v: torch.Tensor) -> None:
+    """Store new tokens' K/V ([T, kv_heads, head_dim]) into slots ``loc`` ([T]) of one layer's buffers."""
+    loc = loc.long()
+    k_cache[loc] = k.to(k_cache.dtype)
+    v_cache[loc] = v.to(v_cache.dtype)
 
 
 class KVPool:
@@ -60,9 +68,7 @@ class KVPool:
 
     def write(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store new tokens' K/V ([T, kv_heads, head_dim]) into slots ``loc`` ([T])."""
-        loc = loc.long()
-        self.k[layer][loc] = k.to(self.dtype)
-        self.v[layer][loc] = v.to(self.dtype)
+        store_kv(self.k[layer], self.v[layer], loc, k, v)
 
     def paged(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(k, v) of a layer as [num_pages, page_size, kv_heads, head_dim] views (NHD)."""

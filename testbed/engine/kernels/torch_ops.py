@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from testbed.engine.attention.kv_pool import store_kv
 from testbed.engine.kernels.base import Ops
 
 __all__ = ["TorchOps", "apply_rotary"]
@@ -39,9 +40,7 @@ class TorchOps(Ops):
             q, k = self.rmsnorm(q, q_norm, eps), self.rmsnorm(k, k_norm, eps)
         # one rotary over q and k heads together: half the kernels of two
         qk = apply_rotary(torch.cat((q, k), dim=1), cos, sin)
-        loc = loc.long()
-        k_cache[loc] = qk[:, num_heads:].to(k_cache.dtype)
-        v_cache[loc] = v.to(v_cache.dtype)
+        store_kv(k_cache, v_cache, loc, qk[:, num_heads:], v)
         return qk[:, :num_heads]
 
     def silu_mul(self, gate_up):
