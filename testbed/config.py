@@ -46,6 +46,7 @@ class EngineConfig:
     dtype: str = "bfloat16"
     overlap: bool = True
     cuda_graph_max_bs: int = 256  # 0 disables CUDA graphs
+    warmup: bool = True  # run every kind of step once before the first arrival (GPU: compile outside the clock)
     ignore_eos: bool = True
     temperature: float = 0.0
     top_k: int = -1
@@ -105,3 +106,20 @@ def check(cfg: Config) -> None:
         cfg.policy.validate()
     except ValueError as err:
         raise ConfigError(str(err)) from None
+
+
+def compose(overrides: list[str]) -> Config:
+    """The run config of `python -m testbed.run OVERRIDES...`, for tools with their own entry
+    point (testbed.profile, testbed.fidelity): the same groups, schema and checks."""
+    from pathlib import Path
+
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    register_schema()
+    conf_dir = str(Path(__file__).resolve().parents[1] / "conf")
+    with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
+        dcfg = hydra_compose(config_name="config", overrides=list(overrides))
+    cfg = OmegaConf.to_object(dcfg)
+    check(cfg)
+    return cfg

@@ -21,8 +21,11 @@ CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 register_schema()
 
 
-def run(cfg: Config, out_dir: str) -> dict:
-    """Run one configuration; returns the summary. Ctrl-C writes what is done, marked incomplete."""
+def run(cfg: Config, out_dir: str, engine_parts=None, keep_ids: bool | None = None, print_table: bool = True) -> dict:
+    """Run one configuration; returns the summary. Ctrl-C writes what is done, marked incomplete.
+    engine_parts: a model already built for this config's engine settings (testbed.engine.build.
+    build_parts), shared by several runs. keep_ids: write the engine's output ids (default: on
+    the engine)."""
     from testbed import assemble
     from testbed.progress import Progress
     from testbed.timeline import write_run
@@ -39,10 +42,11 @@ def run(cfg: Config, out_dir: str) -> dict:
         keep_ids = False
     else:
         from testbed.engine.build import build_engine  # imports torch
-        driver, sched, info = build_engine(cfg, spec, requests)
-        keep_ids = True
+        driver, sched, info = build_engine(cfg, spec, requests, engine_parts)
+        keep_ids = True if keep_ids is None else keep_ids
     # Everything built so far (requests, their token ids, the model) lives for the whole run:
     # take it out of the cyclic GC's view so collections stay short (no multi-ms pauses mid-run).
+    gc.collect()
     gc.freeze()
     progress = Progress(len(requests), cfg.progress, label=cfg.backend.name)
     driver.progress = progress
@@ -55,6 +59,7 @@ def run(cfg: Config, out_dir: str) -> dict:
     except Exception as e:  # keep what is done, then report
         complete, error = False, f"{type(e).__name__}: {e}"
     finally:
+        gc.unfreeze()  # later runs in this process (the fidelity experiment) collect as usual
         progress.close()
         if hasattr(driver, "close"):
             driver.close()
@@ -75,7 +80,8 @@ def run(cfg: Config, out_dir: str) -> dict:
     }
     summary = write_run(out_dir, arrived, driver.steps, OmegaConf.to_container(OmegaConf.structured(cfg)),
                         extra, keep_ids, cfg.slo.ttft_ms, cfg.slo.tpot_ms)
-    print_summary(summary, out_dir)
+    if print_table:
+        print_summary(summary, out_dir)
     if error and "interrupted" in error:
         raise KeyboardInterrupt
     if error:

@@ -3,6 +3,7 @@ pool sized from free memory (or engine.num_pages), the scheduler over that pool.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 
@@ -73,19 +74,56 @@ def load_model_for(cfg, device: torch.device, tp_rank: int = 0, tp_size: int = 1
     return model, report
 
 
-def build_engine(cfg, spec, requests):
+@dataclass
+class EngineParts:
+    """What a run's engine is built from and several runs of one model can share (the
+    fidelity experiment replays many cells on one model load): model with its KV pool,
+    CUDA graphs, the warm-up already done."""
+    device: torch.device
+    model: object
+    slots: int
+    graphs: object
+    report: object
+    warmup_s: float | None
+
+
+def build_parts(cfg, spec) -> EngineParts:
     e = cfg.engine
-    if e.tp != 1:
-        from testbed.engine.tp.launch import build_tp_engine
-        return build_tp_engine(cfg, spec, requests)
     device = engine_device(cfg)
     model, report = load_model_for(cfg, device)
     slots = kv_slots(cfg, model, device)
     create_pool(model, slots, e.page_size)
-    sched = make_scheduler(cfg, spec, slots // e.page_size)
-    executor = make_executor(cfg, spec, model, sched, device)
+    graphs = make_graphs(cfg, model, device, slots // e.page_size, spec.max_context)
+    parts = EngineParts(device, model, slots, graphs, report, None)
+    parts.warmup_s = warm_up_engine(cfg, spec, make_executor(cfg, spec, parts, None), slots, device)
+    return parts
+
+
+def build_engine(cfg, spec, requests, parts: EngineParts | None = None):
+    """The driver, scheduler and run info of an engine run; parts: a model already built
+    (same model and engine settings) to run on instead of building one."""
+    e = cfg.engine
+    if e.tp != 1:
+        if parts is not None:
+            raise ValueError("engine.tp > 1 builds its ranks per run; prebuilt engine parts are for tp=1")
+        from testbed.engine.tp.launch import build_tp_engine
+        return build_tp_engine(cfg, spec, requests)
+    parts = parts or build_parts(cfg, spec)
+    sched = make_scheduler(cfg, spec, parts.slots // e.page_size)
+    executor = make_executor(cfg, spec, parts, sched)
     driver = RealtimeDriver(sched, executor, requests, overlap=e.overlap)
-    return driver, sched, engine_info(cfg, sched, device, report, executor)
+    return driver, sched, engine_info(cfg, sched, parts.device, parts.report, executor) | {"warmup_s": parts.warmup_s}
+
+
+def warm_up_engine(cfg, spec, executor, slots: int, device) -> float | None:
+    """engine.warmup: every kind of step once before the clock starts (testbed/engine/warmup.py);
+    on the CPU, where nothing compiles, a few small steps only."""
+    if not cfg.engine.warmup:
+        return None
+    from testbed.engine.warmup import warm_up
+    p = cfg.policy
+    return warm_up(executor, slots, cfg.engine.page_size, spec.vocab_size, max(p.max_prefill_tokens, p.token_budget),
+                   p.max_running, quick=device.type != "cuda")
 
 
 def create_pool(model, slots: int, page_size: int) -> None:
@@ -105,11 +143,10 @@ def make_graphs(cfg, model, device, num_pages: int, max_context: int):
                         max_pages_per_req=-(-max_context // cfg.engine.page_size))
 
 
-def make_executor(cfg, spec, model, sched, device) -> EngineExecutor:
+def make_executor(cfg, spec, parts: EngineParts, sched) -> EngineExecutor:
     from testbed.sim.build import cost_model_for
     cost, _ = cost_model_for(cfg, spec)  # each step's prediction, beside its measurement
-    graphs = make_graphs(cfg, model, device, sched.cfg.num_pages, spec.max_context)
-    return EngineExecutor(model, device, cfg.policy.max_running, sched, cost, graphs)
+    return EngineExecutor(parts.model, parts.device, cfg.policy.max_running, sched, cost, parts.graphs)
 
 
 def engine_info(cfg, sched, device, report, executor) -> dict:

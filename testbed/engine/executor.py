@@ -34,6 +34,11 @@ class StepHandle:
     end_event: object
     t_launch: float
     predicted: float | None
+    prep_s: float = 0.0  # host time from launch() to the first kernel enqueued (batch build, upload)
+    # the step loop's protocol: the engine's host work and device waits take real time
+    host_done = None
+    ready_at = None
+    complete_cost = None
 
 
 class EngineExecutor:
@@ -57,7 +62,7 @@ class EngineExecutor:
     def launch(self, plan: BatchPlan) -> StepHandle:
         t_launch = time.perf_counter()
         hb = build_host_batch(plan, self.sched.page_table.table, self.sched.page_size)
-        predicted = (self.cost_model.step_time(plan.extend_lens, plan.cached_lens)
+        predicted = (self.cost_model.step_cost(plan.extend_lens, plan.cached_lens).device
                      if self.cost_model is not None else None)
         return self.launch_host(hb, sampling_lists(plan, hb), plan, predicted, t_launch)
 
@@ -70,6 +75,7 @@ class EngineExecutor:
             fb.input_ids[pending_at] = self.last_token[pending_rows]
         params = SamplingTensors.build(*sampling, hb.sample_steps.tolist(), device=self.device)
         start = end = None
+        prep_s = time.perf_counter() - t_launch
         if self.cuda:
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
@@ -90,7 +96,7 @@ class EngineExecutor:
             self._uploader.release()
         else:
             host = ids
-        return StepHandle(plan, host, start, end, t_launch, predicted)
+        return StepHandle(plan, host, start, end, t_launch, predicted, prep_s)
 
     def _to_device(self, hb: HostBatch):
         """The batch and the index arrays on the device: on CUDA through pinned staging

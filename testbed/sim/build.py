@@ -1,6 +1,8 @@
 """Assemble the simulator backend from the config."""
 from __future__ import annotations
 
+import simpy
+
 from testbed.assemble import make_scheduler, sim_kv_pages
 from testbed.sim.costmodel import make_cost_model
 from testbed.sim.costmodel.hardware import load_hardware
@@ -13,6 +15,8 @@ def cost_model_for(cfg, spec):
     cm_cfg = dict(cfg.costmodel or {"name": "roofline"})
     name = cm_cfg.pop("name", "roofline")
     cm_cfg["tp"] = cfg.engine.tp  # the deployment's TP degree, one knob for both backends
+    if name in ("auto", "calibrated"):
+        cm_cfg["policy"] = cfg.policy.name  # the profile's host fit of this policy
     return make_cost_model(name, spec, hw, cm_cfg), hw
 
 
@@ -20,5 +24,7 @@ def build_sim(cfg, spec, requests):
     cost, hw = cost_model_for(cfg, spec)
     pages = sim_kv_pages(cfg, spec, hw)
     sched = make_scheduler(cfg, spec, pages)
-    driver = SimDriver(sched, SimExecutor(cost), requests)
-    return driver, sched, {"num_pages": pages, "page_size": cfg.engine.page_size, "cost_model": repr(cost)}
+    env = simpy.Environment()
+    driver = SimDriver(sched, SimExecutor(cost, lambda: env.now), requests, overlap=cfg.engine.overlap, env=env)
+    return driver, sched, {"num_pages": pages, "page_size": cfg.engine.page_size, "cost_model": repr(cost),
+                           "overlap": cfg.engine.overlap}

@@ -1,58 +1,24 @@
-"""The SimPy driver: arrivals at their trace times, one engine process that asks the
-scheduler for a plan, advances simulated time by the cost model, and applies the result."""
+"""The SimPy driver: runs the step loop (testbed.steploop) on simulated time. The loop
+yields the times it waits until (the next arrival, the host finishing a launch, the device
+finishing a step); each becomes a SimPy timeout."""
 from __future__ import annotations
 
 import simpy
 
-from testbed.recording import record_step
-from testbed.timeline import StepLog
+from testbed.steploop import StepLoop
 
 
-class SimDriver:
-    def __init__(self, scheduler, executor, requests, progress=None):
-        self.sched = scheduler
-        self.executor = executor
-        self.requests = sorted(requests, key=lambda r: (r.arrival, r.rid))
-        self.progress = progress  # callable(done, total, now, output_tokens) or None
-        self.steps = StepLog()
-        self.env = simpy.Environment()
-        self._wake = self.env.event()
-        self._arrived = 0
-        self._idle = False
+class SimDriver(StepLoop):
+    def __init__(self, scheduler, executor, requests, overlap: bool = True, progress=None, env=None):
+        """env: the SimPy environment whose clock the executor reads (a new one if None)."""
+        super().__init__(scheduler, executor, requests, overlap, progress)
+        self.env = env if env is not None else simpy.Environment()
 
-    def _arrivals(self):
-        env, sched = self.env, self.sched
-        for r in self.requests:
-            if r.arrival > env.now:
-                yield env.timeout(r.arrival - env.now)
-            sched.add_request(r, env.now)
-            self._arrived += 1
-            if self._idle and not self._wake.triggered:
-                self._wake.succeed()
-
-    def _engine(self):
-        env, sched, n = self.env, self.sched, len(self.requests)
-        while True:
-            plan = sched.schedule(env.now)
-            if plan is None:
-                if self._arrived == n and not sched.has_work():
-                    return
-                if self._arrived == n:
-                    raise RuntimeError(f"scheduler stalled at t={env.now:.3f}s with {len(sched.waiting)} waiting "
-                                       f"and {len(sched.running)} running requests and nothing runnable")
-                self._idle = True
-                yield self._wake
-                self._wake = env.event()
-                self._idle = False
-                continue
-            start = env.now
-            result = self.executor.run(plan)
-            yield env.timeout(result.duration)
-            sched.complete(plan, result, env.now)
-            record_step(self.steps, sched, plan, start, env.now, result.duration, result.predicted)
-            if self.progress is not None:
-                self.progress(len(sched.done), n, env.now, self.steps.output_tokens)
+    def _process(self):
+        env = self.env
+        for t in StepLoop.run(self, lambda: env.now):
+            if t > env.now:
+                yield env.timeout(t - env.now)
 
     def run(self) -> None:
-        self.env.process(self._arrivals())
-        self.env.run(until=self.env.process(self._engine()))
+        self.env.run(until=self.env.process(self._process()))

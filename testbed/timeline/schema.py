@@ -32,10 +32,13 @@ REQUESTS_SCHEMA = pa.schema([
 
 STEPS_SCHEMA = pa.schema([
     ("step", pa.int64()),
-    ("start_s", pa.float64()),
-    ("end_s", pa.float64()),
-    ("duration_s", pa.float64()),  # measured (engine) or cost model (simulator)
-    ("predicted_s", pa.float64()),  # cost model's prediction (engine); = duration in the simulator
+    ("start_s", pa.float64()),  # the loop began scheduling the step
+    ("end_s", pa.float64()),  # its result was collected: its tokens are visible from here
+    ("duration_s", pa.float64()),  # device time: measured (engine, CUDA events) or modelled (simulator)
+    ("predicted_s", pa.float64()),  # the cost model's device time for the step
+    ("host_s", pa.float64()),  # host time before the device can start it: schedule, batch build, upload
+    ("launch_s", pa.float64()),  # host time enqueueing its kernels (overlaps the device)
+    ("complete_s", pa.float64()),  # host time applying its result (tokens, finishes, KV release, record)
     ("batch_reqs", pa.int64()),
     ("prefill_reqs", pa.int64()),
     ("prefill_tokens", pa.int64()),

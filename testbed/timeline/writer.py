@@ -30,6 +30,9 @@ class StepLog:
         for c in STEP_COLUMNS:
             self.cols[c].append(row[c])
 
+    def set_last(self, column: str, value) -> None:
+        self.cols[column][-1] = value
+
     def __len__(self) -> int:
         return len(self.cols["step"])
 

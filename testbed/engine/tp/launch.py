@@ -14,7 +14,8 @@ import torch
 
 from testbed.assemble import make_scheduler
 from testbed.engine.batch_builder import build_host_batch
-from testbed.engine.build import create_pool, engine_device, engine_info, kv_slots, load_model_for, make_executor
+from testbed.engine.build import (EngineParts, create_pool, engine_device, engine_info, kv_slots, load_model_for,
+                                  make_executor, make_graphs, warm_up_engine)
 from testbed.engine.driver import RealtimeDriver
 from testbed.engine.executor import sampling_lists
 from testbed.engine.tp.messages import check_same_plan
@@ -104,13 +105,16 @@ class TPExecutor:
         t = time.perf_counter()
         sched = self.local.sched
         hb = build_host_batch(plan, sched.page_table.table, sched.page_size)
-        sampling = sampling_lists(plan, hb)
+        predicted = self.cost_model.step_cost(plan.extend_lens, plan.cached_lens).device if self.cost_model else None
+        return self.launch_host(hb, sampling_lists(plan, hb), plan, predicted, t)
+
+    def launch_host(self, hb, sampling, plan=None, predicted=None, t_launch=None):
+        """Send a prepared step to every rank and run it here (warm-up launches these directly)."""
         self._send((hb, sampling))
         if self.debug_hash:
             check_same_plan(hb, self.msg_group, 0)
-        predicted = self.cost_model.step_time(plan.extend_lens, plan.cached_lens) if self.cost_model else None
         try:
-            return self.local.launch_host(hb, sampling, plan, predicted, t)
+            return self.local.launch_host(hb, sampling, plan, predicted, t_launch)
         except Exception as e:
             raise self._failure(e) from None
 
@@ -160,11 +164,17 @@ def build_tp_engine(cfg, spec, requests):
         slots = agree_kv_slots(kv_slots(cfg, model, device), msg_group)
         create_pool(model, slots, e.page_size)
         sched = make_scheduler(cfg, spec, slots // e.page_size)
-        local = make_executor(cfg, spec, model, sched, device)
+        graphs = make_graphs(cfg, model, device, slots // e.page_size, spec.max_context)
+        local = make_executor(cfg, spec, EngineParts(device, model, slots, graphs, report, None), sched)
     except BaseException:
         sup.terminate()
         raise
     executor = TPExecutor(local, msg_group, sup, e.debug_plan_hash)
+    try:
+        warm = warm_up_engine(cfg, spec, executor, slots, device)  # every rank runs the same warm-up steps
+    except BaseException:
+        executor.close(graceful=False)
+        raise
     driver = RealtimeDriver(sched, executor, requests, overlap=e.overlap)
     driver.close = lambda: executor.close(graceful=driver.ran_to_end)
-    return driver, sched, engine_info(cfg, sched, device, report, executor)
+    return driver, sched, engine_info(cfg, sched, device, report, executor) | {"warmup_s": warm}

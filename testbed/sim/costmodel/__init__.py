@@ -13,6 +13,7 @@ A new model is a new module here registering itself with ``@register_cost_model`
 
 from testbed.sim.costmodel.base import (
     CostModel,
+    StepCost,
     as_batch,
     available_cost_models,
     build_config,
@@ -25,6 +26,7 @@ from testbed.sim.costmodel.roofline import TERMS, RooflineConfig, RooflineCostMo
 __all__ = [
     "CostModel",
     "HardwareSpec",
+    "StepCost",
     "RooflineConfig",
     "RooflineCostModel",
     "TERMS",

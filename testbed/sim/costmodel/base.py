@@ -28,6 +28,7 @@ from testbed.sim.costmodel.hardware import HardwareSpec, load_hardware, to_plain
 
 __all__ = [
     "CostModel",
+    "StepCost",
     "register_cost_model",
     "make_cost_model",
     "available_cost_models",
@@ -36,12 +37,33 @@ __all__ = [
 ]
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class StepCost:
+    """Where one step's time goes (seconds), as the simulator's executor models it (the
+    engine's overlap protocol, testbed/sim/executor.py):
+
+    host: on the host before the device can start the step (schedule, batch build, upload);
+    launch: on the host enqueueing its kernels, while the device may already run them (the
+        device cannot finish before the last kernel is enqueued);
+    device: the device's own time for the step, when it never waits for the host;
+    complete: on the host applying the step's result (tokens, finishes, KV release).
+    """
+    host: float
+    launch: float
+    device: float
+    complete: float
+
+
 @runtime_checkable
 class CostModel(Protocol):
-    """Predicts the duration of one engine step (seconds)."""
+    """Predicts the time of one engine step (seconds)."""
 
     def step_time(self, extend_lens: np.ndarray, cached_lens: np.ndarray) -> float:
-        """Seconds for one step that runs the given batch."""
+        """Device seconds for one step that runs the given batch (``step_cost(...).device``)."""
+        ...
+
+    def step_cost(self, extend_lens: np.ndarray, cached_lens: np.ndarray) -> StepCost:
+        """Host and device seconds of one step."""
         ...
 
     def breakdown(self, extend_lens: np.ndarray, cached_lens: np.ndarray) -> dict[str, float]:

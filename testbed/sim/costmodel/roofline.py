@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from testbed.modelspec import ModelSpec
-from testbed.sim.costmodel.base import as_batch, register_cost_model
+from testbed.sim.costmodel.base import StepCost, as_batch, register_cost_model
 from testbed.sim.costmodel.hardware import HardwareSpec
 
 __all__ = ["RooflineConfig", "RooflineCostModel", "TERMS"]
@@ -206,6 +206,11 @@ class RooflineCostModel:
     def step_time(self, extend_lens: np.ndarray, cached_lens: np.ndarray) -> float:
         """Seconds for one step; raises ValueError on an empty or malformed batch."""
         return sum(self._terms(extend_lens, cached_lens))
+
+    def step_cost(self, extend_lens: np.ndarray, cached_lens: np.ndarray) -> StepCost:
+        """The roofline knows no host: every term is device time (its step and request overheads
+        stand for the engine's fixed costs)."""
+        return StepCost(0.0, 0.0, self.step_time(extend_lens, cached_lens), 0.0)
 
     def breakdown(self, extend_lens: np.ndarray, cached_lens: np.ndarray) -> dict[str, float]:
         """Seconds per term (``TERMS``); the values sum to ``step_time``."""

@@ -1,0 +1,69 @@
+"""A step of a given shape without a scheduler: what the warm-up and the step profiler
+launch on the real executor (same kernels, CUDA graphs, sampler).
+
+Request i extends by ``extend[i]`` tokens over ``cached[i]`` cached ones; its context lives
+in its own run of consecutive KV slots (distinct runs, wrapping around the pool), so the
+attention reads as many distinct bytes as a real batch of that shape. The KV contents are
+whatever the pool holds: timing does not depend on them."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from testbed.engine.batch_builder import HostBatch
+from testbed.engine.forward_batch import ForwardBatch
+
+
+def synthetic_host_batch(extend, cached, num_slots: int, page_size: int, vocab_size: int,
+                         seed: int = 0, interleave: float = 0.0) -> HostBatch:
+    """interleave: the fraction of each decode row's context (a row extending by 1 token)
+    laid out as the engine's allocator lays out generated tokens: one slot per row per step,
+    the rows' slots side by side (token j of row i at tail + j * rows + i). The rest of a
+    context is one run of consecutive slots, as a prompt allocated at once. Page size 1."""
+    ext = np.asarray(extend, np.int64)
+    cac = np.asarray(cached, np.int64)
+    B = len(ext)
+    ctx = ext + cac
+    dec = np.flatnonzero(ext == 1) if interleave > 0 and page_size == 1 else np.zeros(0, np.int64)
+    tail = np.zeros(B, np.int64)
+    tail[dec] = np.floor(ctx[dec] * interleave).astype(np.int64)
+    head = ctx - tail
+    # each request's head starts on a page boundary, runs placed one after another; the
+    # interleaved tails after them
+    run = -(-head // page_size) * page_size
+    tail_len = int(tail.max(initial=0))
+    need = int(run.sum()) + tail_len * len(dec)
+    if need > num_slots:
+        raise ValueError(f"a batch of {int(ctx.sum())} context tokens does not fit the pool of {num_slots} slots")
+    start = np.concatenate([[0], np.cumsum(run)[:-1]])
+    tail_base = int(run.sum())
+    col = np.full(B, -1, np.int64)
+    col[dec] = np.arange(len(dec))
+    qo = np.zeros(B + 1, np.int32)
+    np.cumsum(ext, out=qo[1:])
+    kv = np.zeros(B + 1, np.int32)
+    np.cumsum(ctx, out=kv[1:])
+    parts = []
+    for i in range(B):
+        parts.append(np.arange(start[i], start[i] + head[i]))
+        if tail[i]:
+            parts.append(tail_base + np.arange(tail[i]) * len(dec) + col[i])
+    kv_indices = np.concatenate(parts)
+    T = int(qo[-1])
+    positions = np.arange(T, dtype=np.int64) - np.repeat(qo[:-1].astype(np.int64) - cac, ext)
+    out_loc = kv_indices[np.repeat(kv[1:] - ext, ext) + (np.arange(T) - np.repeat(qo[:-1], ext))]
+    ids = np.random.default_rng(seed).integers(0, vocab_size, T, dtype=np.int64)
+    fb = ForwardBatch(
+        input_ids=torch.from_numpy(ids), positions=torch.from_numpy(positions),
+        qo_indptr=torch.from_numpy(qo), kv_indptr=torch.from_numpy(kv),
+        kv_indices=torch.from_numpy(kv_indices.astype(np.int32)),
+        out_cache_loc=torch.from_numpy(out_loc.astype(np.int32)), is_decode=bool(np.all(ext == 1)),
+        page_size=page_size)
+    rows = np.arange(B, dtype=np.int64)
+    empty = np.zeros(0, np.int64)
+    return HostBatch(fb, empty, empty, rows, rows, np.zeros(B, np.int64))
+
+
+def greedy_sampling(n: int, temperature: float = 0.0) -> tuple:
+    """The sampling lists (temperature, top_k, top_p, seed) of n rows."""
+    return [temperature] * n, [0] * n, [1.0] * n, list(range(n))

@@ -1,0 +1,85 @@
+"""`python -m testbed.fidelity STEP [key=value ...]`: the simulator against the engine.
+
+Steps:
+  plan     the matrix and each cell's load (the simulator estimates each policy and trace's
+           capacity with the calibrated profile); writes OUT/plan.json
+  engine   run every cell of OUT/plan.json on the engine, `repeats` times (a GPU machine);
+           writes OUT/runs/<cell>/r<k>/
+  report   replay every cell in the simulator and compare; writes OUT/report.md,
+           OUT/fidelity.json and OUT/cdf_*.png (no GPU needed)
+  check    replay again and fail (exit 1) if any cell's headline error grew beyond the
+           committed OUT/fidelity.json by more than `margin` (CI)
+
+Keys: out=DIR (default benchmarks/results/fidelity), repeats=N (default 2), cells=A,B (cell
+names or substrings to keep), margin=F (default 0.01, an absolute fraction)."""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULTS = {"out": str(REPO / "benchmarks" / "results" / "fidelity"), "repeats": "2", "cells": "", "margin": "0.01"}
+STEPS = ("plan", "engine", "report", "check")
+
+
+def parse(argv: list[str]) -> tuple[str, dict]:
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in STEPS:
+        raise SystemExit(__doc__ if not argv or argv[0] in ("-h", "--help")
+                         else f"error: step {argv[0]!r} is unknown; allowed: {', '.join(STEPS)}")
+    opts = dict(DEFAULTS)
+    for a in argv[1:]:
+        k, eq, v = a.partition("=")
+        if not eq or k not in DEFAULTS:
+            raise SystemExit(f"error: argument {a!r} is invalid; allowed: {', '.join(f'{k}=...' for k in DEFAULTS)}")
+        opts[k] = v
+    return argv[0], opts
+
+
+def selected(cells, spec: str):
+    if not spec:
+        return cells
+    keys = spec.split(",")
+    out = [c for c in cells if any(k in c.name for k in keys)]
+    if not out:
+        raise SystemExit(f"error: cells={spec!r} matches no cell; cells: {', '.join(c.name for c in cells)}")
+    return out
+
+
+def main(argv=None) -> int:
+    logging.basicConfig(level=logging.WARNING)
+    step, o = parse(sys.argv[1:] if argv is None else argv)
+    from testbed.fidelity.cells import plan_cells, read_plan, write_plan
+    out = Path(o["out"])
+    if step == "plan":
+        cells = plan_cells()
+        write_plan(cells, out / "plan.json")
+        for c in cells:
+            print(f"{c.name:<48} capacity {c.capacity_rps:7.2f} req/s  rate {c.rate_rps:7.2f}  n {c.num_requests}")
+        print(f"written {out / 'plan.json'}")
+        return 0
+    cells = selected(read_plan(out / "plan.json"), o["cells"])
+    if step == "engine":
+        from testbed.engine.profiler import machine_info
+        from testbed.fidelity.engine_side import run_engine_cells
+        import torch
+        (out / "runs").mkdir(parents=True, exist_ok=True)
+        dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        (out / "runs" / "machine.json").write_text(json.dumps(machine_info(dev), indent=1) + "\n")
+        failed = run_engine_cells(cells, out, int(o["repeats"]))
+        for f in failed:
+            print(f"failed: {f}", file=sys.stderr)
+        return 1 if failed else 0
+    if step == "report":
+        from testbed.fidelity.report import worst, write_report
+        res = write_report(out, cells)
+        print((out / "report.md").read_text().split("## Every metric")[0])
+        print(f"worst headline error {worst(res):.1%}; written {out / 'report.md'}")
+        return 0
+    from testbed.fidelity.check import check
+    return check(out, cells, float(o["margin"]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

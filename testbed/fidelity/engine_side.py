@@ -1,0 +1,45 @@
+"""The engine side of the experiment (a GPU machine): every cell of the plan run `repeats`
+times, back to back, on one model load per model (warmed up once), each run into
+DIR/runs/<cell>/r<k>/ (requests.parquet, steps.parquet, summary.json; no output ids)."""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def run_engine_cells(cells, out: Path, repeats: int = 2) -> list[str]:
+    """Returns the failed runs (name: error); the others are written whatever happens to them."""
+    from testbed import assemble
+    from testbed.config import compose
+    from testbed.engine.build import build_parts
+    from testbed.run import run
+
+    failed = []
+    parts, parts_model = None, None
+    for cell in cells:
+        cfg = compose(cell.overrides + ["backend=engine"])
+        if parts_model != cell.model:
+            parts = None  # free the last model before loading the next
+            import gc
+
+            import torch
+            gc.collect()
+            torch.cuda.empty_cache() if torch.cuda.is_available() else None
+            parts = build_parts(cfg, assemble.model_spec(cfg))
+            parts_model = cell.model
+        for k in range(1, repeats + 1):
+            d = out / "runs" / cell.name / f"r{k}"
+            t0 = time.perf_counter()
+            try:
+                s = run(cfg, str(d), engine_parts=parts, keep_ids=False, print_table=False)
+                m = s["metrics"]
+                print(f"{cell.name} r{k}: {m['completed']} done in {m['duration_s']:.1f} s, TTFT mean "
+                      f"{m['mean_ttft_ms']:.1f} ms, TPOT mean {m['mean_tpot_ms']:.2f} ms "
+                      f"(wall {time.perf_counter() - t0:.1f} s)", flush=True)
+            except Exception as e:  # keep going: the other cells are worth their device time
+                failed.append(f"{cell.name} r{k}: {type(e).__name__}: {e}")
+                print(f"FAILED {failed[-1]}", flush=True)
+    return failed

@@ -1,0 +1,174 @@
+"""Replay the engine runs of a fidelity directory in the simulator and write the report:
+report.md (the error table, the engine's spread, step times), fidelity.json (every figure)
+and CDF plots of TTFT / TPOT / E2E per model and trace."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from testbed.fidelity.compare import HEADLINE, LATENCIES, METRICS, cell_errors, label, step_table
+
+
+def engine_runs(out: Path, cell) -> list[Path]:
+    return sorted(p for p in (out / "runs" / cell.name).glob("r*") if (p / "summary.json").is_file())
+
+
+def sim_overrides(cell, engine_summary: dict) -> list[str]:
+    """The cell as the simulator replays it: the engine's KV pool size, the calibrated profile."""
+    profile = cell.profile or f"{engine_summary['config']['hardware']['name']}_{cell.model}"
+    return cell.overrides + ["backend=sim", "costmodel=calibrated", f"costmodel.profile={profile}",
+                             f"engine.num_pages={engine_summary['kv']['num_pages']}"]
+
+
+def replay(out: Path, cell) -> dict | None:
+    """Simulate a cell into out/sim/<cell>; None when the cell has no engine run."""
+    from testbed.config import compose
+    from testbed.run import run
+    runs = engine_runs(out, cell)
+    if not runs:
+        return None
+    first = json.loads((runs[0] / "summary.json").read_text())
+    return run(compose(sim_overrides(cell, first)), str(out / "sim" / cell.name), print_table=False)
+
+
+def evaluate(out: Path, cells) -> dict:
+    """Every cell's errors (the simulation re-run now); written to nothing."""
+    res = {}
+    for cell in cells:
+        sim = replay(out, cell)
+        if sim is None:
+            res[cell.name] = {"missing": "no engine run"}
+            continue
+        eng = [json.loads((p / "summary.json").read_text()) for p in engine_runs(out, cell)]
+        incomplete = [p.name for p, e in zip(engine_runs(out, cell), eng) if not e.get("complete")]
+        res[cell.name] = {"cell": cell.__dict__, "errors": cell_errors([e["metrics"] for e in eng], sim["metrics"]),
+                          "engine_incomplete": incomplete}
+    return res
+
+
+def pct(v) -> str:
+    return "-" if v is None or v != v else f"{v:+.1%}"
+
+
+def worst(res: dict, keys=HEADLINE, what="error") -> float:
+    vals = [abs(c["errors"][k][what]) for c in res.values() if "errors" in c for k in keys
+            if k in c["errors"] and c["errors"][k][what] is not None]
+    return max(vals) if vals else float("nan")
+
+
+def markdown(res: dict, out: Path, profile_info: dict) -> str:
+    lines = ["# Simulator fidelity against the engine", "",
+             "Each cell ran twice on the engine (one H200, dummy weights) and once in the simulator "
+             "(`costmodel=calibrated`, the profile below). Errors are the simulator's relative to the mean of the "
+             "two engine runs; spread is the two engine runs' difference relative to their mean.", "",
+             f"Profile: {profile_info}", "",
+             "Reproduce the simulator side (no GPU): `python -m testbed.fidelity report out=benchmarks/results/fidelity`. "
+             "The engine side (a GPU): `python -m testbed.fidelity engine out=DIR`.", "",
+             f"Worst headline error: {worst(res):.1%}; worst engine spread on those metrics: "
+             f"{worst(res, what='spread'):.1%}.", "",
+             "## Headline: simulator error (engine spread)", ""]
+    head = ["cell", "req/s", "n"] + [label(k) for k in HEADLINE]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, c in res.items():
+        if "errors" not in c:
+            lines.append(f"| {name} | {c.get('missing')} |")
+            continue
+        e = c["errors"]
+        row = [name, f"{c['cell']['rate_rps']:.2f}", str(c["cell"]["num_requests"])]
+        row += [f"{pct(e[k]['error'])} ({pct(e[k]['spread'])})" if k in e else "-" for k in HEADLINE]
+        lines.append("| " + " | ".join(row) + " |")
+    lines += ["", "## Every metric: engine mean, simulator, error", ""]
+    for name, c in res.items():
+        if "errors" not in c:
+            continue
+        lines.append(f"<details><summary>{name}</summary>\n")
+        lines.append("| metric | engine r1 | engine r2 | sim | error | spread |\n|---|---|---|---|---|---|")
+        for k in METRICS:
+            if k in c["errors"]:
+                v = c["errors"][k]
+                ev = v["engine"] + [None] * (2 - len(v["engine"]))
+                f = (lambda x: "-" if x is None else f"{x:,.2f}")
+                lines.append(f"| {label(k)} | {f(ev[0])} | {f(ev[1])} | {f(v['sim'])} | {pct(v['error'])} | "
+                             f"{pct(v['spread'])} |")
+        st = c.get("steps")
+        if st is not None:
+            lines.append("\nMean step by kind (ms): interval = the time the step adds to the timeline\n")
+            lines.append(md_table(pd.DataFrame(st)))
+        lines.append("\n</details>\n")
+    return "\n".join(lines) + "\n"
+
+
+def md_table(df: pd.DataFrame) -> str:
+    def f(v):
+        return f"{v:,.3f}" if isinstance(v, float) else str(v)
+    rows = ["| " + " | ".join(map(str, df.columns)) + " |", "|" + "---|" * len(df.columns)]
+    rows += ["| " + " | ".join(f(v) for v in r) + " |" for r in df.itertuples(index=False)]
+    return "\n".join(rows)
+
+
+def cdf_plots(res: dict, out: Path) -> list[Path]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    groups: dict[tuple, list] = {}
+    for name, c in res.items():
+        if "errors" in c:
+            groups.setdefault((c["cell"]["model"], c["cell"]["trace"]), []).append(name)
+    written = []
+    cols = [("ttft_s", "TTFT (s)"), ("tpot_s", "TPOT (s)"), ("e2e_s", "E2E (s)")]
+    for (model, trace), names in groups.items():
+        fig, axes = plt.subplots(len(names), 3, figsize=(12, 2.4 * len(names)), squeeze=False)
+        for row, name in zip(axes, names):
+            runs = {p.name: p for p in (out / "runs" / name).glob("r*")} | {"sim": out / "sim" / name}
+            for who, p in sorted(runs.items()):
+                f = p / "requests.parquet"
+                if not f.is_file():
+                    continue
+                r = pd.read_parquet(f, columns=[c for c, _ in cols] + ["state"])
+                r = r[r["state"] == "FINISHED"]
+                for ax, (c, title) in zip(row, cols):
+                    v = np.sort(r[c].dropna().to_numpy())
+                    ax.plot(v, np.arange(1, len(v) + 1) / max(len(v), 1), label=who,
+                            ls="--" if who == "sim" else "-")
+                    ax.set_xlabel(title)
+            row[0].set_ylabel(name.split("-", 1)[1], fontsize=7)
+            row[0].legend(fontsize=7)
+        fig.suptitle(f"{model} on {trace}: engine runs and the simulator")
+        fig.tight_layout()
+        path = out / f"cdf_{model}_{trace}.png"
+        fig.savefig(path, dpi=80)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def write_report(out: Path, cells) -> dict:
+    res = evaluate(out, cells)
+    for name, c in res.items():
+        if "errors" in c:
+            runs = engine_runs(out, next(x for x in cells if x.name == name))
+            st = step_table(pd.read_parquet(runs[0] / "steps.parquet"),
+                            pd.read_parquet(out / "sim" / name / "steps.parquet"))
+            c["steps"] = st.to_dict(orient="records")
+    prof = profile_info(out, cells)
+    (out / "fidelity.json").write_text(json.dumps({"profiles": prof, "cells": res}, indent=1, default=str) + "\n")
+    (out / "report.md").write_text(markdown(res, out, prof))
+    cdf_plots(res, out)
+    return res
+
+
+def profile_info(out: Path, cells) -> dict:
+    from testbed.sim.costmodel.calibrated import load_profile
+    info = {}
+    for model, name in sorted({(c.model, c.profile or f"h200_{c.model}") for c in cells}):
+        try:
+            p = load_profile(name)
+        except ValueError:
+            continue
+        m = p["machine"]
+        info[model] = {"profile": name, "measured": m.get("date"), "gpu": m.get("gpu"),
+                       "driver": m.get("driver"), "cpu": m.get("cpu"), "host": m.get("host")}
+    return info

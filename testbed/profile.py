@@ -1,0 +1,102 @@
+"""`python -m testbed.profile model=... [engine.*=...] [policy.*=...] [out=PATH] [repeats=N]`:
+profile the real engine over a grid of step shapes and write the simulator's calibrated
+cost-model profile.
+
+The arguments are `testbed.run`'s Hydra overrides (same groups: model, engine, policy,
+hardware) plus the profiler's own:
+
+  out=PATH        profile JSON to write (default testbed/sim/costmodel/profiles/<hardware>_<model>.json)
+  repeats=N       launches per shape and mode, median taken (default 5)
+  policies=A,B    policies whose host cost is profiled (default chunked,prefill_first,decode_first)
+  quick=true      a small grid (a CPU smoke test; the profile is not for simulation)
+  refit=PATH      no measuring: fit a profile's stored samples again with the current fit
+                  (after a change to testbed/sim/costmodel/fit.py); writes out= or PATH
+
+What is measured and how it is fitted: testbed/engine/profiler.py and
+testbed/sim/costmodel/calibrated.py. A model's profile costs a few minutes on a GPU."""
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+OWN = {"out": None, "repeats": "5", "policies": None, "quick": "false", "host_requests": None, "refit": None}
+
+
+def parse(argv: list[str]) -> tuple[dict, list[str]]:
+    own, overrides = dict(OWN), []
+    for a in argv:
+        key = a.split("=", 1)[0]
+        if key in OWN and "=" in a:
+            own[key] = a.split("=", 1)[1]
+        else:
+            overrides.append(a)
+    return own, overrides
+
+
+def main(argv=None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    own, overrides = parse(sys.argv[1:] if argv is None else argv)
+    if not any(o.startswith("backend=") for o in overrides):
+        overrides.append("backend=engine")
+    if own["refit"]:
+        return refit(Path(own["refit"]), Path(own["out"]) if own["out"] else None)
+    try:
+        from testbed import assemble
+        from testbed.config import compose
+        from testbed.sim.costmodel.calibrated import PROFILES_DIR, write_profile
+        from testbed.sim.costmodel.fit import fit_profile, report
+
+        cfg = compose(overrides)
+        repeats = int(own["repeats"])
+        if repeats < 1:
+            raise ValueError(f"repeats={repeats} is invalid; allowed: an integer >= 1")
+        quick = own["quick"].lower() in ("1", "true", "yes")
+        spec = assemble.model_spec(cfg)
+        out = Path(own["out"]) if own["out"] else PROFILES_DIR / f"{cfg.hardware['name']}_{cfg.model.name}.json"
+        from testbed.engine.profiler import HOST_POLICIES, run_profile  # imports torch
+        policies = own["policies"].split(",") if own["policies"] else list(HOST_POLICIES)
+        raw = run_profile(cfg, spec, repeats=repeats, quick=quick, policies=policies,
+                          host_requests=int(own["host_requests"]) if own["host_requests"] else None)
+        prof = fit_profile(raw, cfg, spec, name=out.stem)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    path = write_profile(prof, out)
+    print(report(prof))
+    print(f"written {path}")
+    return 0
+
+
+def refit(path: Path, out: Path | None) -> int:
+    """Fit a stored profile's samples again, with the deployment it records."""
+    from testbed import assemble
+    from testbed.config import compose
+    from testbed.sim.costmodel.calibrated import load_profile, write_profile
+    from testbed.sim.costmodel.fit import fit_profile, report
+    try:
+        old = load_profile(path.resolve())
+        e = old["engine"]
+        overrides = ["backend=engine", f"model={old['model']['name']}", f"model.weights={old['model']['weights']}",
+                     f"hardware={old['hardware']['name']}"]
+        overrides += [f"engine.{k}={e[k]}" for k in ("tp", "page_size", "attention", "kernels", "dtype", "overlap",
+                                                     "cuda_graph_max_bs", "prefill_backend")]
+        overrides += [f"policy.{k}={e[k]}" for k in ("max_running", "max_prefill_tokens", "token_budget")]
+        cfg = compose(overrides)
+        h = old["samples"]["host"]
+        raw = {"device_samples": old["samples"]["device"], "host_samples": [dict(zip(h, v)) for v in zip(*h.values())],
+               "graph_sizes": e["graph_sizes"], "num_pages": e["num_pages"], "machine": old["machine"],
+               "timing": old["timing"]}
+        prof = fit_profile(raw, cfg, assemble.model_spec(cfg), name=old["name"])
+        prof["fitted_on"] = __import__("datetime").date.today().isoformat()
+    except (ValueError, FileNotFoundError, KeyError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    written = write_profile(prof, out or path)
+    print(report(prof))
+    print(f"written {written}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

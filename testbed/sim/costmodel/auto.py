@@ -1,0 +1,27 @@
+"""``costmodel=auto`` (the default): the calibrated model when a profile of this hardware and
+model is shipped (testbed/sim/costmodel/profiles/<hardware>_<model>.json, same TP degree),
+else the roofline with its defaults. The run's summary names the model it got."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from testbed.modelspec import ModelSpec
+from testbed.sim.costmodel.base import register_cost_model
+from testbed.sim.costmodel.hardware import HardwareSpec
+
+
+@dataclass
+class AutoConfig:
+    tp: int = 1
+    policy: str = "all"
+
+
+@register_cost_model("auto", config_cls=AutoConfig)
+def _make_auto(spec: ModelSpec, hardware: HardwareSpec, cfg: AutoConfig):
+    from testbed.sim.costmodel.calibrated import (CalibratedConfig, CalibratedCostModel, load_profile,
+                                                  profile_for, profile_mismatch)
+    from testbed.sim.costmodel.roofline import RooflineConfig, RooflineCostModel
+    name = profile_for(hardware.name, spec.name) if spec.name else None
+    if name is not None and not profile_mismatch(load_profile(name), spec, hardware, cfg.tp):
+        return CalibratedCostModel(spec, hardware, CalibratedConfig(profile=name, tp=cfg.tp, policy=cfg.policy))
+    return RooflineCostModel(spec, hardware, RooflineConfig(tp=cfg.tp))

@@ -1,0 +1,87 @@
+"""The one step protocol both drivers run: admit arrivals, schedule, launch, collect the
+step in flight, complete.
+
+With overlap (the engine's default) the host schedules and launches step N+1 while the
+device runs step N, and N's tokens become visible when N is collected, after N+1 has been
+launched; without it each step is collected right after its launch. The loop is a
+generator that yields the clock times it must wait until; the driver owns the clock: the
+wall-clock driver sleeps, the SimPy driver advances simulated time. Executors return a
+handle from `launch(plan)` and a StepResult from `collect(handle)`; a handle's `host_done`,
+`ready_at` and `complete_cost` are the simulator's modelled times (None on the engine,
+where the host's own work takes real time and `collect` blocks on the device).
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+from testbed.recording import record_step
+from testbed.timeline import StepLog
+
+
+class StepLoop:
+    def __init__(self, scheduler, executor, requests, overlap: bool = True, progress=None):
+        self.sched = scheduler
+        self.executor = executor
+        self.requests = sorted(requests, key=lambda r: (r.arrival, r.rid))
+        self.overlap = overlap
+        self.progress = progress  # callable(done, total, now, output_tokens) or None
+        self.steps = StepLog()
+        self.ran_to_end = False  # the loop returned normally (no step cut short)
+
+    def run(self, now: Callable[[], float]) -> Iterator[float]:
+        """The loop; yields times to wait until (the driver waits, then resumes it)."""
+        sched, reqs, ex = self.sched, self.requests, self.executor
+        n, nxt = len(reqs), 0
+        inflight = None
+        while True:
+            t = now()
+            while nxt < n and reqs[nxt].arrival <= t:
+                sched.add_request(reqs[nxt], t)
+                nxt += 1
+            plan = sched.schedule(t)
+            handle = None
+            if plan is not None:
+                t_launch = now()
+                handle = ex.launch(plan)
+                if handle.host_done is not None and handle.host_done > t_launch:
+                    yield handle.host_done
+                handle = (handle, t, t_launch, now())
+            finished_one = inflight is not None
+            if inflight is not None:
+                yield from self._finish(inflight, now)
+                inflight = None
+            if handle is not None:
+                if self.overlap:
+                    inflight = handle
+                else:
+                    yield from self._finish(handle, now)
+                continue
+            if finished_one:  # its results may make something runnable
+                continue
+            if nxt == n:
+                if not sched.has_work():
+                    self.ran_to_end = True
+                    return
+                raise RuntimeError(f"scheduler stalled at t={t:.3f}s with {len(sched.waiting)} waiting and "
+                                   f"{len(sched.running)} running requests and nothing runnable")
+            # nothing in flight and nothing runnable: nothing changes before the next arrival
+            yield reqs[nxt].arrival
+
+    def _finish(self, launched, now: Callable[[], float]) -> Iterator[float]:
+        """Collect a launched step, apply its result and record it. launched: the executor's
+        handle and the loop times the step was scheduled, launch was called and it returned."""
+        h, t_sched, t_launch, t_launched = launched
+        if h.ready_at is not None and h.ready_at > now():
+            yield h.ready_at
+        result = self.executor.collect(h)
+        t = now()
+        self.sched.complete(h.plan, result, t)
+        if h.complete_cost:
+            yield t + h.complete_cost
+        if self.progress is not None:
+            self.progress(len(self.sched.done), len(self.requests), t, self.steps.output_tokens)
+        host = (t_launch - t_sched) + h.prep_s  # schedule, batch build, upload: before the device can start
+        launch = max(0.0, t_launched - t_launch - h.prep_s)  # enqueueing the kernels
+        record_step(self.steps, self.sched, h.plan, t_sched, t, result.duration, result.predicted,
+                    host, launch, 0.0)
+        self.steps.set_last("complete_s", now() - t)  # applying the result, progress and this record
