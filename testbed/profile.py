@@ -11,6 +11,8 @@ hardware) plus the profiler's own:
   quick=true      a small grid (a CPU smoke test; the profile is not for simulation)
   refit=PATH      no measuring: fit a profile's stored samples again with the current fit
                   (after a change to testbed/sim/costmodel/fit.py); writes out= or PATH
+  host_from=A,B   with refit: add the host workloads of these profiles (other machine starts of
+                  the same deployment) to the host fit; the device grid stays PATH's
 
 What is measured and how it is fitted: testbed/engine/profiler.py and
 testbed/sim/costmodel/calibrated.py. A model's profile costs a few minutes on a GPU."""
@@ -20,7 +22,8 @@ import logging
 import sys
 from pathlib import Path
 
-OWN = {"out": None, "repeats": "5", "policies": None, "quick": "false", "host_requests": None, "refit": None}
+OWN = {"out": None, "repeats": "5", "policies": None, "quick": "false", "host_requests": None, "refit": None,
+       "host_from": None}
 
 
 def parse(argv: list[str]) -> tuple[dict, list[str]]:
@@ -40,7 +43,8 @@ def main(argv=None) -> int:
     if not any(o.startswith("backend=") for o in overrides):
         overrides.append("backend=engine")
     if own["refit"]:
-        return refit(Path(own["refit"]), Path(own["out"]) if own["out"] else None)
+        extra = [Path(p) for p in own["host_from"].split(",")] if own["host_from"] else []
+        return refit(Path(own["refit"]), Path(own["out"]) if own["out"] else None, extra)
     try:
         from testbed import assemble
         from testbed.config import compose
@@ -68,8 +72,9 @@ def main(argv=None) -> int:
     return 0
 
 
-def refit(path: Path, out: Path | None) -> int:
-    """Fit a stored profile's samples again, with the deployment it records."""
+def refit(path: Path, out: Path | None, host_from: list[Path] = ()) -> int:
+    """Fit a stored profile's samples again, with the deployment it records; host_from: more
+    profiles of the same deployment whose host workloads join the host fit."""
     from testbed import assemble
     from testbed.config import compose
     from testbed.sim.costmodel.calibrated import load_profile, write_profile
@@ -83,12 +88,22 @@ def refit(path: Path, out: Path | None) -> int:
                                                      "cuda_graph_max_bs", "prefill_backend")]
         overrides += [f"policy.{k}={e[k]}" for k in ("max_running", "max_prefill_tokens", "token_budget")]
         cfg = compose(overrides)
-        h = old["samples"]["host"]
-        raw = {"device_samples": old["samples"]["device"], "host_samples": [dict(zip(h, v)) for v in zip(*h.values())],
+        host, starts = [], [old["machine"]]
+        for p in [path, *host_from]:
+            other = old if p == path else load_profile(p.resolve())
+            if p != path:
+                if other["model"] != old["model"] or other["engine"]["graph_sizes"] != e["graph_sizes"]:
+                    raise ValueError(f"host_from={p}: another model or engine settings than {path}")
+                starts.append(other["machine"])
+            h = other["samples"]["host"]
+            host += [dict(zip(h, v)) for v in zip(*h.values())]
+        raw = {"device_samples": old["samples"]["device"], "host_samples": host,
                "graph_sizes": e["graph_sizes"], "num_pages": e["num_pages"], "machine": old["machine"],
                "timing": old["timing"]}
         prof = fit_profile(raw, cfg, assemble.model_spec(cfg), name=old["name"])
         prof["fitted_on"] = __import__("datetime").date.today().isoformat()
+        if host_from:
+            prof["host_machines"] = starts  # the machine starts whose host workloads were fitted
     except (ValueError, FileNotFoundError, KeyError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -190,10 +190,14 @@ def test_compare_two_policies_on_one_trace(results):
         A.compare.join_requests(results, results)
 
 
-def test_step_time_error_is_zero_in_the_simulator(results):
+def test_step_time_error_in_the_simulator_is_only_host_stretch(results):
+    """The simulator's device time is the cost model's, stretched only where the host's launch
+    outlasts it (the calibrated model's eager steps): never shorter."""
     st = A.compare.step_time_error(results.steps)
     assert set(st["kind"]) <= {"prefill", "decode", "mixed"} and "decode" in set(st["kind"])
-    assert np.allclose(st["mean_abs_rel_err"], 0.0) and st["steps"].sum() == len(results.steps)
+    assert (st["mean_rel_err"] <= 1e-12).all() and st["steps"].sum() == len(results.steps)
+    s = results.steps
+    assert (s["duration_s"] >= s["predicted_s"] - 1e-12).all()
 
 
 # ---- plots -------------------------------------------------------------------------------------
@@ -316,3 +320,23 @@ def test_optimize_objective_needs_an_slo(tmp_path):
     p = subprocess.run([sys.executable, "-m", "testbed.sweep", "trace.num_requests=20", "progress=false",
                         f"hydra.run.dir={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert p.returncode != 0 and "goodput needs slo.ttft_ms" in p.stderr
+
+
+def test_sim_vs_engine_notebook_executes(tmp_path, monkeypatch):
+    """The fidelity notebook top to bottom on one small cell; its replay goes to TESTBED_NB_OUT."""
+    fidelity = REPO / "benchmarks" / "results" / "fidelity"
+    if not (fidelity / "fidelity.json").is_file():
+        pytest.skip(f"{fidelity / 'fidelity.json'} not written yet (python -m testbed.fidelity report)")
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    nb = nbformat.read(REPO / "analysis" / "sim_vs_engine.ipynb", as_version=4)
+    cell = "qwen3_0_6b-prefill_first-mooncake_conversation-light"
+    monkeypatch.setenv("TESTBED_NB_OUT", str(tmp_path))  # the kernel inherits the environment
+    monkeypatch.setenv("TESTBED_FIDELITY_CELL", cell)
+    monkeypatch.delenv("TESTBED_FIDELITY_DIR", raising=False)
+    nbclient.NotebookClient(nb, timeout=240, kernel_name="python3",
+                            resources={"metadata": {"path": str(REPO / "analysis")}}).execute()
+    images = sum("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
+    errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert not errors and images >= 2
+    assert (tmp_path / "sim" / cell / "requests.parquet").is_file()

@@ -21,12 +21,14 @@ from __future__ import annotations
 import gc
 import logging
 import time
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from testbed.core import Request, SamplingParams
 from testbed.engine.synthetic_batch import greedy_sampling, synthetic_host_batch
+from testbed.sim.costmodel.fit import spread_lengths
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +39,7 @@ DECODE_KV = (64, 512, 2048, 8192)
 MIXED_DECODES = (8, 64, 256)
 MIXED_KV = (512, 2048)
 MIXED_CHUNKS = (64, 256, 1024, 4096)
+SPREAD_KV = (512, 2048)
 HOST_POLICIES = ("chunked", "prefill_first", "decode_first")
 # The share of a decode row's context laid out as generated tokens (interleaved across the
 # batch, see synthetic_batch): about what ShareGPT and Azure conversations have (outputs
@@ -56,28 +59,41 @@ def decode_sizes(graph_sizes: list[int], max_running: int) -> list[int]:
                   | {max_running})
 
 
+class Shape(NamedTuple):
+    kind: str  # decode | prefill | mixed (one fresh chunk and decodes)
+    extend: list[int]
+    cached: list[int]
+    pattern: str  # uniform, or spread: decode rows of unequal contexts, fit.spread_lengths(base + 1, rows)
+    base: int  # the decode rows' cached length (uniform), or the one they spread around
+
+
 def device_grid(max_tokens: int, max_running: int, graph_sizes: list[int], max_kv: int,
-                quick: bool = False) -> list[tuple[str, list[int], list[int]]]:
-    """(kind, extend_lens, cached_lens) of every profiled shape; kind: decode | prefill | mixed.
-    quick: a small grid (tests on the CPU)."""
+                quick: bool = False) -> list[Shape]:
+    """Every profiled shape. quick: a small grid (tests on the CPU)."""
     shapes = []
     kvs = DECODE_KV[:2] if quick else DECODE_KV
     for b in decode_sizes(graph_sizes, max_running)[: 3 if quick else None]:
         for L in kvs:
             if b * L <= max_kv:
-                shapes.append(("decode", [1] * b, [L - 1] * b))
+                shapes.append(Shape("decode", [1] * b, [L - 1] * b, "uniform", L - 1))
+        for L in SPREAD_KV[:1] if quick else SPREAD_KV:
+            if b > 1 and 2 * b * L <= max_kv:
+                shapes.append(Shape("decode", [1] * b, (spread_lengths(L, b) - 1).tolist(), "spread", L - 1))
     toks = [t for t in PREFILL_TOKENS if t <= max_tokens] or [max_tokens]
     for n in toks[:3] if quick else toks:
         for c in PREFILL_CACHED[:2] if quick else PREFILL_CACHED:
             for k in PREFILL_REQS[:2] if quick else PREFILL_REQS:
                 if k <= n and k <= max_running and k * (c + n // k) <= max_kv:
-                    shapes.append(("prefill", [n // k] * k, [c] * k))
+                    shapes.append(Shape("prefill", [n // k] * k, [c] * k, "uniform", c))
     for d in MIXED_DECODES[:1] if quick else MIXED_DECODES:
         d = min(d, max_running - 1)
         for L in MIXED_KV[:1] if quick else MIXED_KV:
             for n in MIXED_CHUNKS[:2] if quick else MIXED_CHUNKS:
-                if d > 0 and n + d <= max_tokens + d and d * L + n <= max_kv:
-                    shapes.append(("mixed", [n] + [1] * d, [0] + [L - 1] * d))
+                if d > 0 and n + d <= max_tokens + d and 2 * d * L + n <= max_kv:
+                    shapes.append(Shape("mixed", [n] + [1] * d, [0] + [L - 1] * d, "uniform", L - 1))
+                    if d > 1:
+                        shapes.append(Shape("mixed", [n] + [1] * d, [0] + (spread_lengths(L, d) - 1).tolist(), "spread",
+                                            L - 1))
     return shapes
 
 
@@ -189,10 +205,11 @@ def run_profile(cfg, spec, repeats: int = 5, quick: bool = False, policies=HOST_
     cps = _sleep_cycles_per_s(device) if device.type == "cuda" else None
     grid = device_grid(max_tokens, p.max_running, sizes, min(slots, 1 << 20), quick)
     samples = []
-    for kind, ext, cac in grid:
-        m = time_shape(ex, ext, cac, slots, e.page_size, spec.vocab_size, repeats, cps)
-        samples.append({"kind": kind, "reqs": len(ext), "tokens": int(sum(ext)),
-                        "kv_tokens": int(sum(ext) + sum(cac)), "extend": ext[0], "cached": cac[-1], **m})
+    for sh in grid:
+        m = time_shape(ex, sh.extend, sh.cached, slots, e.page_size, spec.vocab_size, repeats, cps)
+        samples.append({"kind": sh.kind, "pattern": sh.pattern, "reqs": len(sh.extend), "tokens": int(sum(sh.extend)),
+                        "kv_tokens": int(sum(sh.extend) + sum(sh.cached)), "extend": sh.extend[0], "cached": sh.base,
+                        **m})
     t_dev = time.perf_counter() - t0
     host = run_host_workloads(cfg, spec, model, device, graphs, num_pages, policies,
                               host_requests or p.max_running)

@@ -6,10 +6,12 @@ StepCost, the four times the simulator's executor places on its timeline (the en
 overlap protocol, testbed/sim/executor.py):
 
 * ``device``: a decode-only batch of B <= the largest CUDA graph runs in the smallest
-  captured graph of size s >= B: ``a_s + b_s * KV tokens`` (padding included: the size is
-  s, not B). Anything else runs eagerly: ``base(tokens)``, the measured curve of one fresh
-  prompt of that many tokens, plus fitted seconds per unit of attention work, KV read and
-  requests beyond that prompt's.
+  captured graph of size s >= B: ``a_s + b_s * KV tokens + i_s * imbalance`` (padding
+  included: the size is s, not B; imbalance = rows x the longest context - the KV tokens: at
+  batch 17-64 Llama-3.1-8B's graph decode takes as long as its longest rows). Anything else
+  runs eagerly: ``base(tokens)``, the measured curve of one fresh prompt of that many tokens,
+  plus fitted seconds per unit of attention work, KV read, requests and imbalance beyond that
+  prompt's.
 * ``host`` (schedule, batch build, upload), ``launch`` (enqueueing; graph or eager) and
   ``complete`` (applying the result): linear in requests, tokens and KV tokens, fitted
   per policy and per decode-only / prefill step on the profiler's host workloads.
@@ -40,7 +42,7 @@ import numpy as np
 from testbed.modelspec import ModelSpec
 from testbed.sim.costmodel.base import StepCost, as_batch, register_cost_model
 from testbed.sim.costmodel.fit import (COMPLETE_FEATURES, EAGER_EXTRA, HOST_FEATURES, LAUNCH_FEATURES, MODEL_FIELDS,
-                                       PROFILE_FORMAT, attn_work, base_curve)
+                                       PROFILE_FORMAT, attn_work, base_curve, imbalance)
 from testbed.sim.costmodel.hardware import HardwareSpec
 
 __all__ = ["CalibratedConfig", "CalibratedCostModel", "PROFILES_DIR", "available_profiles", "load_profile",
@@ -185,9 +187,10 @@ class CalibratedCostModel:
         self.max_graph = int(self.sizes[-1]) if len(self.sizes) else 0
         self._g_const = np.array(g["const_s"] if g else [], float)
         self._g_slope = np.array(g["per_kv_token_s"] if g else [], float)
+        self._g_imb = np.array(g.get("per_imbalance_s", [0.0] * len(self.sizes)) if g else [], float)
         e = prof["device"]["eager"]
         self._bt, self._bs = np.array(e["base_tokens"], float), np.array(e["base_s"], float)
-        self._extra = np.array([e["coef_s"][k] for k in EAGER_EXTRA], float)
+        self._extra = np.array([e["coef_s"].get(k, 0.0) for k in EAGER_EXTRA], float)
         self.range = prof["device"]["range"]
         self._warned: set[str] = set()
         self._roofline = None
@@ -200,13 +203,14 @@ class CalibratedCostModel:
         n, c = as_batch(extend_lens, cached_lens)
         b, tok = n.shape[0], int(n.sum())
         kv = int(c.sum()) + tok
+        imb = imbalance(n, c)
         if self.is_graph(n):
             i = int(np.searchsorted(self.sizes, b))
-            return float(self._g_const[i] + self._g_slope[i] * kv)
+            return float(self._g_const[i] + self._g_slope[i] * kv + self._g_imb[i] * imb)
         kind = "decode" if tok == b else "prefill"
         if b > self.range["reqs"] or tok > self.range["tokens"] or kv > self.range["kv_tokens"]:
             return self._outside(kind, n, c, b, tok, kv)
-        x = np.array([attn_work(n, c) - tok * (tok + 1) / 2, kv - tok, b - 1], float)
+        x = np.array([attn_work(n, c) - tok * (tok + 1) / 2, kv - tok, b - 1, imb], float)
         return float(base_curve(self._bt, self._bs, [tok])[0] + self._extra @ x)
 
     def _outside(self, kind, n, c, b, tok, kv) -> float:

@@ -33,7 +33,7 @@ PROFILE_FORMAT = 2
 HOST_FEATURES = {"decode": ("const", "reqs", "kv_tokens"), "prefill": ("const", "reqs", "tokens", "kv_tokens")}
 LAUNCH_FEATURES = {"graph": ("const", "reqs"), "eager": ("const", "reqs", "tokens")}
 COMPLETE_FEATURES = ("const", "reqs")
-EAGER_EXTRA = ("attn_extra", "kv_extra", "reqs_extra")
+EAGER_EXTRA = ("attn_extra", "kv_extra", "reqs_extra", "imbalance")
 MODEL_FIELDS = ("architecture", "hidden_size", "intermediate_size", "num_layers", "num_q_heads",
                 "num_kv_heads", "head_dim", "vocab_size", "dtype_bytes")
 
@@ -101,11 +101,27 @@ def attn_work(extend, cached) -> float:
     return float((n * (c + (n + 1) / 2)).sum())
 
 
-def eager_extras(reqs, tokens, kv_tokens, attn) -> np.ndarray:
+def imbalance(extend, cached) -> float:
+    """How unequal the rows' contexts are: rows x the longest context - the KV tokens (0 when
+    every row is as long). Attention kernels that give each row its own thread blocks take as
+    long as the longest row."""
+    ctx = np.asarray(extend) + np.asarray(cached)
+    return float(len(ctx) * ctx.max() - ctx.sum())
+
+
+def eager_extras(reqs, tokens, kv_tokens, attn, imb) -> np.ndarray:
     """What a batch has beyond one fresh prompt of the same tokens (columns of EAGER_EXTRA)."""
     t = np.asarray(tokens, float)
     return np.column_stack([np.asarray(attn, float) - t * (t + 1) / 2, np.asarray(kv_tokens, float) - t,
-                            np.asarray(reqs, float) - 1])
+                            np.asarray(reqs, float) - 1, np.asarray(imb, float)])
+
+
+def spread_lengths(length: int, n: int) -> np.ndarray:
+    """n context lengths spread evenly from 0.1x to 1.9x `length` (mean about `length`): a
+    batch whose requests are at different points of their outputs, as a serving batch is."""
+    if n == 1:
+        return np.array([length])
+    return np.maximum(1, np.round(length * np.linspace(0.1, 1.9, n))).astype(np.int64)
 
 
 def _features(rows: dict[str, np.ndarray], names) -> np.ndarray:
@@ -126,22 +142,22 @@ def error_stats(pred, meas) -> dict:
 
 # ---------------------------------------------------------------------- device
 def fit_graph(samples: list[dict], sizes: list[int]) -> dict:
-    """Per graph size: const and per-KV-token seconds (slope >= 0)."""
-    const, slope = [], []
+    """Per graph size: seconds fixed, per KV token and per unit of imbalance (NNLS; the
+    imbalance column only where the size has spread-length samples to tell it apart)."""
+    const, slope, imb = [], [], []
     for s in sizes:
-        pts = [(d["kv_tokens"], d["device_s"]) for d in samples if d["kind"] == "decode" and d["reqs"] == s]
-        if not pts:
+        ds = [d for d in samples if d["kind"] == "decode" and d["reqs"] == s]
+        if not ds:
             raise ValueError(f"profile: no decode sample at CUDA-graph size {s}")
-        kv, y = np.array(pts, float).T
-        if len(pts) >= 2 and np.ptp(kv) > 0:
-            b, a = np.polyfit(kv, y, 1)
-            if b < 0:
-                b, a = 0.0, float(y.mean())
-        else:
-            b, a = 0.0, float(y.mean())
-        const.append(float(a))
-        slope.append(float(b))
-    return {"sizes": list(sizes), "const_s": const, "per_kv_token_s": slope}
+        y = np.array([d["device_s"] for d in ds])
+        kv = np.array([d["kv_tokens"] for d in ds], float)
+        im = np.array([imbalance(*sample_batch(d)) for d in ds])
+        cols = [np.ones(len(ds)), kv] + ([im] if im.max() > 0 else [])
+        c = scaled_nnls(np.column_stack(cols), y) if len(ds) >= 2 else np.array([y.mean(), 0.0])
+        const.append(float(c[0]))
+        slope.append(float(c[1]))
+        imb.append(float(c[2]) if len(c) > 2 else 0.0)
+    return {"sizes": list(sizes), "const_s": const, "per_kv_token_s": slope, "per_imbalance_s": imb}
 
 
 def fit_eager(samples: list[dict], max_graph: int) -> dict:
@@ -155,18 +171,26 @@ def fit_eager(samples: list[dict], max_graph: int) -> dict:
     coef = np.zeros(len(EAGER_EXTRA))
     if rest:
         r = {k: np.array([d[k] for d in rest], float) for k in ("reqs", "tokens", "kv_tokens", "device_s")}
-        attn = [attn_work(*sample_batch(d)) for d in rest]
-        x = eager_extras(r["reqs"], r["tokens"], r["kv_tokens"], attn)
+        batches = [sample_batch(d) for d in rest]
+        x = eager_extras(r["reqs"], r["tokens"], r["kv_tokens"], [attn_work(*b) for b in batches],
+                         [imbalance(*b) for b in batches])
         coef = scaled_nnls(x, r["device_s"] - base_curve(bt, bs, r["tokens"]))
     return {"base_tokens": bt.tolist(), "base_s": bs.tolist(), "coef_s": dict(zip(EAGER_EXTRA, map(float, coef)))}
 
 
 def sample_batch(d: dict) -> tuple[list[int], list[int]]:
-    """(extend_lens, cached_lens) of a device sample (the profiler's shapes, see device_grid:
-    a mixed step is one fresh chunk and decodes; the others are uniform)."""
-    if d["kind"] == "mixed":
-        return [d["extend"]] + [1] * (d["reqs"] - 1), [0] + [d["cached"]] * (d["reqs"] - 1)
-    return [d["extend"]] * d["reqs"], [d["cached"]] * d["reqs"]
+    """(extend_lens, cached_lens) of a device sample (the profiler's shapes, see device_grid: a
+    mixed step is one fresh chunk and decodes; decode rows uniform, or pattern "spread":
+    spread_lengths of the context around cached + 1)."""
+    mixed = d["kind"] == "mixed"
+    rows = d["reqs"] - 1 if mixed else d["reqs"]
+    if d.get("pattern", "uniform") == "spread":
+        cac = (spread_lengths(d["cached"] + 1, rows) - 1).tolist()
+    else:
+        cac = [d["cached"]] * rows
+    if mixed:
+        return [d["extend"]] + [1] * rows, [0] + cac
+    return [d["extend"]] * rows, cac
 
 
 def base_curve(bt: np.ndarray, bs: np.ndarray, tokens) -> np.ndarray:

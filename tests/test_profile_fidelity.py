@@ -1,0 +1,161 @@
+"""The step profiler (python -m testbed.profile), the engine's warm-up and synthetic steps,
+and the fidelity experiment (python -m testbed.fidelity) end to end on the CPU engine."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SMOL_CPU = ["model=smollm2_135m", "model.weights=dummy", "engine.device=cpu", "engine.attention=torch",
+            "engine.num_pages=8192", "policy.max_running=8", "policy.max_prefill_tokens=256",
+            "policy.token_budget=64"]
+
+
+def py(*args, timeout=600):
+    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+# ---------------------------------------------------------------------- pieces
+def test_synthetic_batch_lays_out_prompts_and_interleaved_decode_tails():
+    pytest.importorskip("torch")
+    from testbed.engine.synthetic_batch import synthetic_host_batch
+    hb = synthetic_host_batch([3, 1, 1], [2, 4, 9], 100, 1, 50, interleave=0.5)
+    fb = hb.fb
+    kv = fb.kv_indices.numpy()
+    assert len(set(kv.tolist())) == len(kv) == 5 + 5 + 10
+    assert fb.kv_indptr.tolist() == [0, 5, 10, 20] and fb.positions.tolist() == [2, 3, 4, 4, 9]
+    # the prefill row is one run; decode rows: a run, then generated tokens side by side (stride 2)
+    assert kv[:5].tolist() == [0, 1, 2, 3, 4]
+    assert np.diff(kv[8:10]).tolist() == [2] and np.diff(kv[15:20]).tolist() == [2] * 4
+    assert fb.out_cache_loc.tolist() == [2, 3, 4, kv[9], kv[19]]
+    with pytest.raises(ValueError, match="does not fit the pool of 10 slots"):
+        synthetic_host_batch([8], [8], 10, 1, 50)
+
+
+def test_warmup_covers_every_graph_size_token_count_kind_and_the_sampler():
+    from testbed.engine.warmup import warmup_shapes
+    sizes = [1, 2, 4, 8, 16, 32]
+    shapes = warmup_shapes(1024, 48, sizes)
+    decode_bs = {len(e) for e, c, _ in shapes if all(x == 1 for x in e) and all(x > 0 for x in c)}
+    assert set(sizes) <= decode_bs and 33 in decode_bs and 48 in decode_bs  # eager beyond the graphs
+    single = {e[0] for e, c, _ in shapes if len(e) == 1 and c == [0]}
+    assert {1, 15, 16, 17, 1000, 1024} <= single and max(single) == 1024
+    assert any(len(e) > 1 and e[0] > 1 and e[1] == 1 for e, _, _ in shapes)  # a mixed step
+    assert any(t > 0 for _, _, t in shapes)  # the random sampler
+    assert all(len(e) <= 48 for e, _, _ in shapes)
+
+
+def test_profiler_grid_keeps_within_limits():
+    from testbed.engine.profiler import decode_sizes, device_grid
+    assert decode_sizes([1, 2, 4, 8, 16], 16) == [1, 2, 4, 8, 16]
+    assert decode_sizes([1, 2, 4, 8, 16], 64) == [1, 2, 4, 8, 16, 17, 40, 64]
+    grid = device_grid(2048, 64, [1, 2, 4, 8, 16], max_kv=100_000)
+    assert {sh.kind for sh in grid} == {"decode", "prefill", "mixed"} and {sh.pattern for sh in grid} == {"uniform", "spread"}
+    from testbed.sim.costmodel.fit import sample_batch
+    for sh in grid:
+        assert len(sh.extend) <= 64 and sum(sh.extend) + sum(sh.cached) <= 100_000
+        assert sum(sh.extend) <= 2048 or sh.kind == "mixed"
+        # what a profile stores of a shape gives the shape back
+        d = {"kind": sh.kind, "pattern": sh.pattern, "reqs": len(sh.extend), "extend": sh.extend[0], "cached": sh.base}
+        assert sample_batch(d) == (sh.extend, sh.cached)
+
+
+# ---------------------------------------------------------------------- the profiler on the CPU
+@pytest.fixture(scope="module")
+def cpu_profile(tmp_path_factory):
+    pytest.importorskip("torch")
+    out = tmp_path_factory.mktemp("profile") / "cpu_smollm2.json"
+    p = py("-m", "testbed.profile", *SMOL_CPU, "quick=true", "host_requests=8", "repeats=2", f"out={out}")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "device_decode" in p.stdout and f"written {out}" in p.stdout
+    return out
+
+
+@pytest.mark.slow
+def test_profiler_writes_a_profile_the_simulator_uses(cpu_profile, tmp_path):
+    from testbed.modelspec import load_model_spec
+    from testbed.sim.costmodel import load_hardware
+    from testbed.sim.costmodel.calibrated import CalibratedCostModel, load_profile
+    prof = load_profile(cpu_profile)
+    assert prof["engine"]["graph_sizes"] == [] and prof["machine"]["cpu_count"] >= 1
+    assert set(prof["host"]) == {"all", "chunked", "prefill_first", "decode_first"}
+    spec = load_model_spec("hf/smollm2_135m.json", name="smollm2_135m")
+    cost = CalibratedCostModel(spec, load_hardware("h200"), profile=prof).step_cost([1, 1], [10, 20])
+    assert min(cost.host, cost.launch, cost.device, cost.complete) > 0
+    p = py("-m", "testbed.run", "model=smollm2_135m", "costmodel=calibrated", f"costmodel.profile={cpu_profile}",
+           "trace=synthetic", "trace.num_requests=20", "progress=false", f"hydra.run.dir={tmp_path}")
+    assert p.returncode == 0, p.stderr[-2000:]
+
+
+def test_profiler_bad_input_is_one_line_error():
+    p = py("-m", "testbed.profile", *SMOL_CPU, "repeats=0", timeout=120)
+    assert p.returncode == 2 and p.stderr.strip().splitlines()[-1].startswith("error: repeats=0 is invalid")
+    p = py("-m", "testbed.profile", *SMOL_CPU, "engine.tp=2", timeout=120)
+    assert p.returncode == 2 and "the profiler runs one rank" in p.stderr
+
+
+# ---------------------------------------------------------------------- fidelity end to end
+def cpu_plan(out: Path, profile: Path, n: int = 4) -> None:
+    o = SMOL_CPU + ["policy=chunked", "trace=synthetic", f"trace.num_requests={n}", "trace.rate=20",
+                    "trace.prompt_len_min=16", "trace.prompt_len_max=48", "trace.output_len_min=2",
+                    "trace.output_len_max=6", "progress=false"]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "plan.json").write_text(json.dumps([dict(
+        name="smol-chunked-synthetic-light", model="smollm2_135m", policy="chunked", trace="synthetic", load="light",
+        capacity_rps=80.0, rate_rps=20.0, num_requests=n, overrides=o, profile=str(profile))]))
+
+
+@pytest.mark.slow
+def test_fidelity_engine_report_and_check_on_the_cpu(cpu_profile, tmp_path):
+    out = tmp_path / "fid"
+    cpu_plan(out, cpu_profile)
+    p = py("-m", "testbed.fidelity", "engine", f"out={out}", "repeats=2")
+    assert p.returncode == 0, p.stderr[-3000:]
+    for k in (1, 2):
+        s = json.loads((out / "runs/smol-chunked-synthetic-light" / f"r{k}/summary.json").read_text())
+        assert s["complete"] and s["metrics"]["completed"] == 4 and s["kv"]["warmup_s"] is not None
+    assert json.loads((out / "runs/machine.json").read_text())["cpu_count"] >= 1
+    p = py("-m", "testbed.fidelity", "report", f"out={out}")
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = json.loads((out / "fidelity.json").read_text())["cells"]["smol-chunked-synthetic-light"]
+    e = res["errors"]["mean_ttft_ms"]
+    assert len(e["engine"]) == 2 and e["sim"] > 0 and e["error"] == pytest.approx(e["sim"] / np.mean(e["engine"]) - 1)
+    assert "| smol-chunked-synthetic-light |" in (out / "report.md").read_text()
+    assert (out / "cdf_smollm2_135m_synthetic.png").read_bytes()[:4] == b"\x89PNG"
+    assert py("-m", "testbed.fidelity", "check", f"out={out}").returncode == 0
+    # a committed figure better than what the simulator now gives: check fails, naming the cell
+    full = json.loads((out / "fidelity.json").read_text())
+    full["cells"]["smol-chunked-synthetic-light"]["errors"]["mean_ttft_ms"]["error"] = 0.0
+    (out / "fidelity.json").write_text(json.dumps(full))
+    p = py("-m", "testbed.fidelity", "check", f"out={out}", "margin=0.001")
+    assert p.returncode == 1 and "smol-chunked-synthetic-light mean_ttft_ms" in p.stdout
+
+
+def test_fidelity_bad_arguments(tmp_path):
+    p = py("-m", "testbed.fidelity", "sweep", timeout=60)
+    assert p.returncode != 0 and "step 'sweep' is unknown" in p.stderr
+    p = py("-m", "testbed.fidelity", "report", "colour=blue", timeout=60)
+    assert p.returncode != 0 and "argument 'colour=blue' is invalid" in p.stderr
+    p = py("-m", "testbed.fidelity", "report", f"out={tmp_path}", timeout=60)
+    assert p.returncode != 0 and "no plan" in p.stderr
+    cpu_plan(tmp_path, tmp_path / "p.json")
+    p = py("-m", "testbed.fidelity", "report", f"out={tmp_path}", "cells=nothing", timeout=60)
+    assert p.returncode != 0 and "matches no cell" in p.stderr
+
+
+def test_committed_report_matches_its_json():
+    """The README's figures come from report.md; report.md from fidelity.json."""
+    d = REPO / "benchmarks/results/fidelity"
+    res = json.loads((d / "fidelity.json").read_text())["cells"]
+    md = (d / "report.md").read_text()
+    plan = json.loads((d / "plan.json").read_text())
+    assert len(plan) == 30 and set(res) == {c["name"] for c in plan}
+    for name, c in res.items():
+        assert f"| {name} |" in md
+        for k in ("mean_ttft_ms", "p90_tpot_ms", "output_throughput"):
+            assert len(c["errors"][k]["engine"]) == 2  # every cell ran twice on the engine
