@@ -28,7 +28,7 @@ class StepLoop:
         self.steps = StepLog()
         self.ran_to_end = False  # the loop returned normally (no step cut short)
 
-    def run(self, now: Callable[[], float]) -> Iterator[float]:
+    def loop(self, now: Callable[[], float]) -> Iterator[float]:
         """The loop; yields times to wait until (the driver waits, then resumes it)."""
         sched, reqs, ex = self.sched, self.requests, self.executor
         n, nxt = len(reqs), 0

@@ -18,7 +18,7 @@ class RealtimeDriver(StepLoop):
 
     def run(self) -> None:
         self._t0 = time.perf_counter()
-        for t in StepLoop.run(self, self.now):
+        for t in self.loop(self.now):
             wait = t - self.now()
             if wait > 0:
                 time.sleep(wait)

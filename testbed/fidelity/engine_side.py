@@ -12,6 +12,10 @@ log = logging.getLogger(__name__)
 
 def run_engine_cells(cells, out: Path, repeats: int = 2) -> list[str]:
     """Returns the failed runs (name: error); the others are written whatever happens to them."""
+    import gc
+
+    import torch
+
     from testbed import assemble
     from testbed.config import compose
     from testbed.engine.build import build_parts
@@ -23,11 +27,9 @@ def run_engine_cells(cells, out: Path, repeats: int = 2) -> list[str]:
         cfg = compose(cell.overrides + ["backend=engine"])
         if parts_model != cell.model:
             parts = None  # free the last model before loading the next
-            import gc
-
-            import torch
             gc.collect()
-            torch.cuda.empty_cache() if torch.cuda.is_available() else None
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
             parts = build_parts(cfg, assemble.model_spec(cfg))
             parts_model = cell.model
         for k in range(1, repeats + 1):

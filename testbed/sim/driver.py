@@ -16,7 +16,7 @@ class SimDriver(StepLoop):
 
     def _process(self):
         env = self.env
-        for t in StepLoop.run(self, lambda: env.now):
+        for t in self.loop(lambda: env.now):
             if t > env.now:
                 yield env.timeout(t - env.now)
 

@@ -13,8 +13,8 @@ overlap protocol, testbed/sim/executor.py):
   plus fitted seconds per unit of attention work, KV read, requests and imbalance beyond that
   prompt's.
 * ``host`` (schedule, batch build, upload), ``launch`` (enqueueing; graph or eager) and
-  ``complete`` (applying the result): linear in requests, tokens and KV tokens, fitted
-  per policy and per decode-only / prefill step on the profiler's host workloads.
+  ``complete`` (applying the result): linear in requests, tokens and KV tokens, fitted to the
+  host's fast regime on the profiler's host workloads; a decode step's ``host`` per policy.
 
 testbed/sim/costmodel/fit.py says how each part is fitted and why. A device shape beyond
 the profiled range (more requests, tokens or KV tokens than any profiled step of its kind)
