@@ -104,6 +104,8 @@ def refit(path: Path, out: Path | None, host_from: list[Path] = ()) -> int:
         prof["fitted_on"] = __import__("datetime").date.today().isoformat()
         if host_from:
             prof["host_machines"] = starts  # the machine starts whose host workloads were fitted
+        elif "host_machines" in old:
+            prof["host_machines"] = old["host_machines"]
     except (ValueError, FileNotFoundError, KeyError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

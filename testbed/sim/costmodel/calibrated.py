@@ -281,6 +281,13 @@ def write_profile(prof: Mapping[str, Any], path: str | os.PathLike) -> Path:
     """Write a profile as JSON (the samples' lists on one line each); returns the path."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    clean = {k: v for k, v in prof.items() if k != "_path"}
-    p.write_text(json.dumps(clean, indent=1) + "\n")
+    clean = {k: v for k, v in prof.items() if k not in ("_path", "samples")}
+    text = json.dumps(clean, indent=1)
+    if "samples" in prof:  # a device sample, or a host column, per line: readable diffs, a tenth of the lines
+        smp = prof["samples"]
+        dev = ",\n".join("   " + json.dumps(d) for d in smp.get("device", []))
+        host = ",\n".join(f"   {json.dumps(k)}: {json.dumps(v)}" for k, v in smp.get("host", {}).items())
+        text = text[:-2] + f',\n "samples": {{\n  "device": [\n{dev}\n  ],\n  "host": {{\n{host}\n  }}\n }}\n}}'
+    p.write_text(text + "\n")
+    json.loads(p.read_text())  # what was written reads back
     return p

@@ -242,6 +242,7 @@ def fit_profile(raw: dict, cfg, spec, name: str | None = None) -> dict:
     from testbed.sim.costmodel.hardware import load_hardware
 
     e, p = cfg.engine, cfg.policy
+    raw = round_samples(raw)
     sizes = list(raw["graph_sizes"])
     max_graph = sizes[-1] if sizes else 0
     dev = raw["device_samples"]
@@ -274,6 +275,15 @@ def fit_profile(raw: dict, cfg, spec, name: str | None = None) -> dict:
     model = CalibratedCostModel(spec, load_hardware(hw), profile=prof, policy="all")
     prof["fit_error"] = fit_errors(model, prof)
     return prof
+
+
+def round_samples(raw: dict) -> dict:
+    """Times to 0.1 us (a host clock's resolution is ~1 us): the profile stores, and is fitted
+    on, exactly these."""
+    def r(row):
+        return {k: (round(v, 7) if isinstance(v, float) else v) for k, v in row.items()}
+    return raw | {"device_samples": [r(d) for d in raw["device_samples"]],
+                  "host_samples": [r(h) for h in raw["host_samples"]]}
 
 
 def fit_errors(model, prof: dict) -> dict:
