@@ -33,7 +33,7 @@ from testbed.sim.costmodel.fit import spread_lengths
 log = logging.getLogger(__name__)
 
 PREFILL_TOKENS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
-PREFILL_CACHED = (0, 1024, 4096)
+PREFILL_CACHED = (0, 1024, 4096, 16384)  # 16384: chunks over long prefixes (Mooncake prompts are ~14k tokens)
 PREFILL_REQS = (1, 4, 16)
 DECODE_KV = (64, 512, 2048, 8192)
 MIXED_DECODES = (8, 64, 256)
