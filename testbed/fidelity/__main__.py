@@ -53,6 +53,9 @@ def main(argv=None) -> int:
     from testbed.fidelity.cells import plan_cells, read_plan, write_plan
     out = Path(o["out"])
     if step == "plan":
+        if (out / "plan.json").is_file() and (out / "runs").is_dir():
+            raise SystemExit(f"error: {out / 'plan.json'} already has engine runs beside it (the cells as they were "
+                             f"run); plan a new experiment into another out=DIR")
         cells = plan_cells()
         write_plan(cells, out / "plan.json")
         for c in cells:

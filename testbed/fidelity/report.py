@@ -67,16 +67,41 @@ def worst(res: dict, keys=HEADLINE, what="error") -> float:
     return max(vals) if vals else float("nan")
 
 
+FAST_HOST_MS = 14.0  # a run whose median eager launch is below this ran on a fast host (see eager_launch_ms)
+
+
+def median_table(res: dict) -> str:
+    """Median |error| and cells within 5% per headline metric, over all cells and over the cells
+    whose engine runs both ran on a fast host."""
+    cells = {n: c for n, c in res.items() if "errors" in c}
+    fast = {n: c for n, c in cells.items()
+            if c.get("eager_launch_ms") and all(v is not None and v < FAST_HOST_MS for v in c["eager_launch_ms"])}
+    rows = ["| metric | median abs error, all cells | cells within 5% | median abs spread | "
+            f"median abs error, {len(fast)} fast-host cells |", "|---|---|---|---|---|"]
+
+    def med(cs, k, what="error"):
+        v = [abs(c["errors"][k][what]) for c in cs.values() if k in c["errors"] and c["errors"][k][what] is not None]
+        return (float(np.median(v)) if v else float("nan")), sum(x <= 0.05 for x in v)
+    for k in HEADLINE:
+        (e, n5), (sp, _), (ef, _) = med(cells, k), med(cells, k, "spread"), med(fast, k)
+        rows.append(f"| {label(k)} | {e:.1%} | {n5} of {len(cells)} | {sp:.1%} | {ef:.1%} |")
+    return "\n".join(rows)
+
+
 def markdown(res: dict, out: Path, profile_info: dict) -> str:
     lines = ["# Simulator fidelity against the engine", "",
              "Each cell ran twice on the engine (one H200, dummy weights) and once in the simulator "
              "(`costmodel=calibrated`, the profile below). Errors are the simulator's relative to the mean of the "
              "two engine runs; spread is the two engine runs' difference relative to their mean.", "",
-             f"Profile: {profile_info}", "",
+             *[f"- profile `{v['profile']}` ({m}): device grid measured {v['measured']} on {v['gpu']} "
+               f"(driver {v['driver']}); host fitted on the machine starts of {', '.join(v['host_starts'])}"
+               for m, v in profile_info.items()],
+             f"- engine runs: one machine start, recorded at {engine_start(out)} (`runs/machine.json`)", "",
              "Reproduce the simulator side (no GPU): `python -m testbed.fidelity report out=benchmarks/results/fidelity`. "
              "The engine side (a GPU): `python -m testbed.fidelity engine out=DIR`.", "",
              f"Worst headline error: {worst(res):.1%}; worst engine spread on those metrics: "
              f"{worst(res, what='spread'):.1%}.", "",
+             median_table(res), "",
              "## Headline: simulator error (engine spread)", "",
              "The last column is each engine run's median host time enqueueing an eager step (one with a "
              "prefill chunk): the engine's host speed in that run. The profiles' fast-regime fit predicts about "
@@ -173,6 +198,11 @@ def write_report(out: Path, cells) -> dict:
     return res
 
 
+def engine_start(out: Path) -> str:
+    f = out / "runs" / "machine.json"
+    return json.loads(f.read_text()).get("date", "?") if f.is_file() else "? (no runs/machine.json)"
+
+
 def profile_info(out: Path, cells) -> dict:
     from testbed.sim.costmodel.calibrated import load_profile
     info = {}
@@ -182,6 +212,7 @@ def profile_info(out: Path, cells) -> dict:
         except ValueError:
             continue
         m = p["machine"]
-        info[model] = {"profile": name, "measured": m.get("date"), "gpu": m.get("gpu"),
+        info[model] = {"host_starts": [h.get("date") for h in p.get("host_machines", [m])],
+                       "profile": name, "measured": m.get("date"), "gpu": m.get("gpu"),
                        "driver": m.get("driver"), "cpu": m.get("cpu"), "host": m.get("host")}
     return info

@@ -1,22 +1,26 @@
 """Fit a step profiler's measurements (testbed/engine/profiler.py) into the calibrated
 cost model's profile (testbed/sim/costmodel/calibrated.py says what each part predicts).
 
-* CUDA-graph decode, device: per captured size ``s``, a line in the KV tokens the step
-  reads, ``a_s + b_s * kv_tokens`` (least squares over the profiled KV lengths, slope >= 0).
-  A decode batch runs in the smallest graph that holds it, so the size is exact, not
-  interpolated: that is where the graph padding enters.
+* CUDA-graph decode, device: per captured size ``s``, NNLS of ``a_s + b_s * kv_tokens +
+  i_s * imbalance`` (imbalance = rows x the longest context - the KV tokens; the profiler's
+  batches of unequal rows tell it apart from the KV term). A decode batch runs in the
+  smallest graph that holds it, so the size is exact, not interpolated: that is where the
+  graph padding enters.
 * Eager steps (a prefill chunk in the batch, or a decode batch beyond the graphs), device:
   ``base(tokens)``, a piecewise-linear curve through the single fresh prompt of each
   profiled token count (the linear layers' time is far from linear in the tokens on a GPU:
   flat while weight-bound, then steeper), plus non-negative coefficients (NNLS) for what a
   batch has beyond one fresh prompt of the same tokens: attention work
   ``sum n_i (c_i + (n_i + 1) / 2)`` minus that prompt's, KV tokens read beyond the new ones,
-  requests beyond one.
-* Host, per policy and per step kind (decode-only or not): non-negative linear fits on the
-  batch's requests, new tokens and KV tokens of ``host_s`` (schedule, batch build,
-  upload), ``launch_s`` (enqueueing; its own fit for graph and eager steps) and
-  ``complete_s``, over every step of the profiler's host workloads. Least squares: the
-  simulator's totals need the mean step, outliers (a GC pause) included.
+  requests beyond one, imbalance.
+* Host, per step kind (decode-only or not): non-negative linear fits on the batch's
+  requests, new tokens and KV tokens of ``host_s`` (schedule, batch build, upload),
+  ``launch_s`` (enqueueing; its own fit for graph and eager steps) and ``complete_s``, over
+  every step of the profiler's host workloads, refitted to the samples at or below the first
+  fit (``fast_regime_nnls`` says why). A decode step's ``host_s`` holds the policy's own
+  scheduling and each policy's workload has hundreds of them, so it is fitted per policy;
+  the prefill steps (a few dozen per policy outside ``chunked``), launching and completing
+  are fitted over all policies.
 
 Why fits and a curve rather than a table: the host costs are linear in the per-request
 Python work and noisy step to step, so a fit over thousands of steps is steadier than any
