@@ -79,6 +79,9 @@ def device_grid(max_tokens: int, max_running: int, graph_sizes: list[int], max_k
         for L in SPREAD_KV[:1] if quick else SPREAD_KV:
             if b > 1 and 2 * b * L <= max_kv:
                 shapes.append(Shape("decode", [1] * b, (spread_lengths(L, b) - 1).tolist(), "spread", L - 1))
+            if b in graph_sizes and graph_sizes.index(b) > 0 and not quick:
+                least = graph_sizes[graph_sizes.index(b) - 1] + 1  # the fewest rows this graph runs: most padding
+                shapes.append(Shape("decode", [1] * least, [L - 1] * least, "uniform", L - 1))
     toks = [t for t in PREFILL_TOKENS if t <= max_tokens] or [max_tokens]
     for n in toks[:3] if quick else toks:
         for c in PREFILL_CACHED[:2] if quick else PREFILL_CACHED:

@@ -42,7 +42,8 @@ import numpy as np
 from testbed.modelspec import ModelSpec
 from testbed.sim.costmodel.base import StepCost, as_batch, register_cost_model
 from testbed.sim.costmodel.fit import (COMPLETE_FEATURES, EAGER_EXTRA, HOST_FEATURES, LAUNCH_FEATURES, MODEL_FIELDS,
-                                       PROFILE_FORMAT, attn_work, base_curve, imbalance)
+                                       PROFILE_FORMAT, attn_work, base_curve, graph_imbalance,
+                                       imbalance)
 from testbed.sim.costmodel.hardware import HardwareSpec
 
 __all__ = ["CalibratedConfig", "CalibratedCostModel", "PROFILES_DIR", "available_profiles", "load_profile",
@@ -203,10 +204,11 @@ class CalibratedCostModel:
         n, c = as_batch(extend_lens, cached_lens)
         b, tok = n.shape[0], int(n.sum())
         kv = int(c.sum()) + tok
-        imb = imbalance(n, c)
         if self.is_graph(n):
             i = int(np.searchsorted(self.sizes, b))
-            return float(self._g_const[i] + self._g_slope[i] * kv + self._g_imb[i] * imb)
+            s = int(self.sizes[i])
+            return float(self._g_const[i] + self._g_slope[i] * kv + self._g_imb[i] * graph_imbalance(n, c, s))
+        imb = imbalance(n, c)
         kind = "decode" if tok == b else "prefill"
         if b > self.range["reqs"] or tok > self.range["tokens"] or kv > self.range["kv_tokens"]:
             return self._outside(kind, n, c, b, tok, kv)

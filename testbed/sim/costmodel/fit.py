@@ -2,8 +2,9 @@
 cost model's profile (testbed/sim/costmodel/calibrated.py says what each part predicts).
 
 * CUDA-graph decode, device: per captured size ``s``, NNLS of ``a_s + b_s * kv_tokens +
-  i_s * imbalance`` (imbalance = rows x the longest context - the KV tokens; the profiler's
-  batches of unequal rows tell it apart from the KV term). A decode batch runs in the
+  i_s * imbalance`` (imbalance = s x the longest context - the KV tokens, padding rows
+  included; the profiler's batches of unequal rows, and of fewer rows than the graph, tell it
+  apart from the KV term). A decode batch runs in the
   smallest graph that holds it, so the size is exact, not interpolated: that is where the
   graph padding enters.
 * Eager steps (a prefill chunk in the batch, or a decode batch beyond the graphs), device:
@@ -145,17 +146,26 @@ def error_stats(pred, meas) -> dict:
 
 
 # ---------------------------------------------------------------------- device
+def graph_imbalance(extend, cached, size: int) -> float:
+    """imbalance() of a batch run in a CUDA graph of `size` rows: the padding rows count as rows
+    (they hold thread blocks of the captured kernels like any other)."""
+    ctx = np.asarray(extend) + np.asarray(cached)
+    return float(size * ctx.max() - ctx.sum())
+
+
 def fit_graph(samples: list[dict], sizes: list[int]) -> dict:
-    """Per graph size: seconds fixed, per KV token and per unit of imbalance (NNLS; the
-    imbalance column only where the size has spread-length samples to tell it apart)."""
+    """Per graph size: seconds fixed, per KV token and per unit of graph_imbalance (NNLS; the
+    imbalance column only where the size has samples of unequal or padded rows to tell it
+    apart). A sample belongs to the smallest size that holds it, as the engine runs it."""
     const, slope, imb = [], [], []
     for s in sizes:
-        ds = [d for d in samples if d["kind"] == "decode" and d["reqs"] == s]
+        ds = [d for d in samples if d["kind"] == "decode" and d["reqs"] <= s
+              and sizes[int(np.searchsorted(sizes, d["reqs"]))] == s]
         if not ds:
             raise ValueError(f"profile: no decode sample at CUDA-graph size {s}")
         y = np.array([d["device_s"] for d in ds])
         kv = np.array([d["kv_tokens"] for d in ds], float)
-        im = np.array([imbalance(*sample_batch(d)) for d in ds])
+        im = np.array([graph_imbalance(*sample_batch(d), s) for d in ds])
         cols = [np.ones(len(ds)), kv] + ([im] if im.max() > 0 else [])
         c = scaled_nnls(np.column_stack(cols), y) if len(ds) >= 2 else np.array([y.mean(), 0.0])
         const.append(float(c[0]))
