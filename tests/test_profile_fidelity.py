@@ -159,3 +159,15 @@ def test_committed_report_matches_its_json():
         assert f"| {name} |" in md
         for k in ("mean_ttft_ms", "p90_tpot_ms", "output_throughput"):
             assert len(c["errors"][k]["engine"]) == 2  # every cell ran twice on the engine
+
+
+def test_readme_figures_are_the_reports():
+    """The README's fidelity table quotes report.md's median table, cell for cell."""
+    import re
+    readme = (REPO / "README.md").read_text()
+    report = (REPO / "benchmarks/results/fidelity/report.md").read_text()
+    for metric in ("mean TTFT", "p90 TTFT", "mean TPOT", "p90 TPOT", "mean E2E", "p90 E2E", "output throughput"):
+        rep = re.search(rf"^\| {metric} \| ([\d.]+%) \| (\d+) of 30 \| ([\d.]+%) \| ([\d.]+%) \|$", report, re.M)
+        mine = re.search(rf"^\| {metric} \| ([\d.]+%) \| (\d+) \| ([\d.]+%) \| ([\d.]+%) \|$", readme, re.M)
+        assert rep and mine, metric
+        assert rep.groups() == mine.groups(), (metric, rep.groups(), mine.groups())
