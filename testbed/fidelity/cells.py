@@ -13,7 +13,6 @@ import json
 import math
 from pathlib import Path
 
-MODELS = ("qwen3_0_6b", "llama3_8b")
 POLICIES = ("prefill_first", "decode_first", "chunked")
 TRACES = ("sharegpt", "azure_conv", "mooncake_conversation")
 LOADS = {"light": 0.25, "mid": 0.6, "high": 0.9}

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from testbed.fidelity.compare import HEADLINE, LATENCIES, METRICS, cell_errors, label, step_table
+from testbed.fidelity.compare import HEADLINE, METRICS, cell_errors, label, step_table
 
 
 def engine_runs(out: Path, cell) -> list[Path]:
