@@ -136,6 +136,18 @@ def test_fidelity_engine_report_and_check_on_the_cpu(cpu_profile, tmp_path):
     assert p.returncode == 1 and "smol-chunked-synthetic-light mean_ttft_ms" in p.stdout
 
 
+def test_fidelity_engine_without_a_gpu_is_one_line_error(tmp_path):
+    pytest.importorskip("torch")
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the committed plan would run")
+    out = tmp_path / "fid"
+    out.mkdir()
+    (out / "plan.json").write_text((REPO / "benchmarks/results/fidelity/plan.json").read_text())
+    p = py("-m", "testbed.fidelity", "engine", f"out={out}", "cells=llama3_8b-chunked-sharegpt-light", timeout=120)
+    assert p.returncode == 2 and p.stderr.strip().splitlines()[-1].startswith("error: engine.device=cuda but no CUDA")
+
+
 def test_fidelity_bad_arguments(tmp_path):
     p = py("-m", "testbed.fidelity", "sweep", timeout=60)
     assert p.returncode != 0 and "step 'sweep' is unknown" in p.stderr

@@ -70,7 +70,11 @@ def main(argv=None) -> int:
         (out / "runs").mkdir(parents=True, exist_ok=True)
         dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         (out / "runs" / "machine.json").write_text(json.dumps(machine_info(dev), indent=1) + "\n")
-        failed = run_engine_cells(cells, out, int(o["repeats"]))
+        try:
+            failed = run_engine_cells(cells, out, int(o["repeats"]))
+        except (ValueError, FileNotFoundError) as e:  # the model or engine could not be built
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         for f in failed:
             print(f"failed: {f}", file=sys.stderr)
         return 1 if failed else 0
