@@ -14,12 +14,14 @@ Two kinds of measurement, because a step's time has a host part and a device par
   mixed steps). Each step's ``host_s`` (schedule, batch build, upload), ``launch_s`` and
   ``complete_s`` is a sample of the host cost of its shape.
 
-``run_profile`` returns both as plain lists in a dict; ``testbed.sim.costmodel.calibrated.
-fit_profile`` turns it into the profile file the simulator reads."""
+``run_profile`` returns both as plain lists in a dict; ``testbed.sim.costmodel.fit.fit_profile``
+turns it into the profile file the simulator reads."""
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
+import os
 import time
 from typing import NamedTuple
 
@@ -153,10 +155,8 @@ def host_workload(n: int, vocab: int, max_context: int, seed: int) -> list[Reque
     return out
 
 
-def run_host_workloads(cfg, spec, model, device, graphs, num_pages: int, policies, n: int) -> list[dict]:
+def run_host_workloads(cfg, spec, parts, policies, n: int) -> list[dict]:
     """Each policy's workload through the real step loop; one row per step."""
-    import dataclasses
-
     from testbed.assemble import make_scheduler
     from testbed.engine.driver import RealtimeDriver
     from testbed.engine.executor import EngineExecutor
@@ -165,8 +165,8 @@ def run_host_workloads(cfg, spec, model, device, graphs, num_pages: int, policie
     for name in policies:
         pcfg = dataclasses.replace(cfg.policy, name=name)
         c = dataclasses.replace(cfg, policy=pcfg)
-        sched = make_scheduler(c, spec, num_pages)
-        ex = EngineExecutor(model, device, pcfg.max_running, sched, None, graphs)
+        sched = make_scheduler(c, spec, parts.slots // cfg.engine.page_size)
+        ex = EngineExecutor(parts.model, parts.device, pcfg.max_running, sched, None, parts.graphs)
         reqs = host_workload(min(n, pcfg.max_running), spec.vocab_size, spec.max_context, seed=len(rows))
         driver = RealtimeDriver(sched, ex, reqs, overlap=cfg.engine.overlap)
         gc.collect()
@@ -186,25 +186,21 @@ def run_host_workloads(cfg, spec, model, device, graphs, num_pages: int, policie
 
 def run_profile(cfg, spec, repeats: int = 5, quick: bool = False, policies=HOST_POLICIES,
                 host_requests: int | None = None) -> dict:
-    """Build the engine of `cfg` once, warm it up, time the device grid and the host workloads."""
-    from testbed.engine.build import create_pool, engine_device, kv_slots, load_model_for, make_graphs
+    """Build the engine of `cfg` once (warmed up, whatever engine.warmup says: compilation must
+    not land in the timings), time the device grid and the host workloads."""
+    from testbed.engine.build import build_parts
     from testbed.engine.executor import EngineExecutor
-    from testbed.engine.warmup import warm_up
 
     e, p = cfg.engine, cfg.policy
     if e.tp != 1:
         raise ValueError(f"engine.tp={e.tp}: the profiler runs one rank (engine.tp=1)")
-    device = engine_device(cfg)
-    model, _ = load_model_for(cfg, device)
-    slots = kv_slots(cfg, model, device)
-    create_pool(model, slots, e.page_size)
-    num_pages = slots // e.page_size
-    graphs = make_graphs(cfg, model, device, num_pages, spec.max_context)
-    sizes = list(graphs.sizes) if graphs is not None else []
-    ex = EngineExecutor(model, device, p.max_running, None, None, graphs)
-    max_tokens = max(p.max_prefill_tokens, p.token_budget)
+    cfg = dataclasses.replace(cfg, engine=dataclasses.replace(e, warmup=True))
     t0 = time.perf_counter()
-    warm_up(ex, slots, e.page_size, spec.vocab_size, max_tokens, p.max_running, quick=device.type != "cuda")
+    parts = build_parts(cfg, spec)
+    device, slots, graphs = parts.device, parts.slots, parts.graphs
+    sizes = list(graphs.sizes) if graphs is not None else []
+    ex = EngineExecutor(parts.model, device, p.max_running, None, None, graphs)
+    max_tokens = max(p.max_prefill_tokens, p.token_budget)
     cps = _sleep_cycles_per_s(device) if device.type == "cuda" else None
     grid = device_grid(max_tokens, p.max_running, sizes, min(slots, 1 << 20), quick)
     samples = []
@@ -214,10 +210,9 @@ def run_profile(cfg, spec, repeats: int = 5, quick: bool = False, policies=HOST_
                         "kv_tokens": int(sum(sh.extend) + sum(sh.cached)), "extend": sh.extend[0], "cached": sh.base,
                         **m})
     t_dev = time.perf_counter() - t0
-    host = run_host_workloads(cfg, spec, model, device, graphs, num_pages, policies,
-                              host_requests or p.max_running)
+    host = run_host_workloads(cfg, spec, parts, policies, host_requests or p.max_running)
     return {
-        "device_samples": samples, "host_samples": host, "graph_sizes": sizes, "num_pages": num_pages,
+        "device_samples": samples, "host_samples": host, "graph_sizes": sizes, "num_pages": slots // e.page_size,
         "timing": {"device_grid_s": t_dev, "host_workloads_s": time.perf_counter() - t0 - t_dev,
                    "shapes": len(grid), "repeats": repeats},
         "machine": machine_info(device),
@@ -226,7 +221,7 @@ def run_profile(cfg, spec, repeats: int = 5, quick: bool = False, policies=HOST_
 
 def machine_info(device) -> dict:
     import platform
-    info = {"host": platform.node(), "cpu": _cpu_model(), "cpu_count": __import__("os").cpu_count(),
+    info = {"host": platform.node(), "cpu": _cpu_model(), "cpu_count": os.cpu_count(),
             "torch": torch.__version__, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if device.type == "cuda":
         prop = torch.cuda.get_device_properties(device)

@@ -2,8 +2,8 @@
 launch on the real executor (same kernels, CUDA graphs, sampler).
 
 Request i extends by ``extend[i]`` tokens over ``cached[i]`` cached ones; its context lives
-in its own run of consecutive KV slots (distinct runs, wrapping around the pool), so the
-attention reads as many distinct bytes as a real batch of that shape. The KV contents are
+in KV slots of its own (no two rows share one; a batch that does not fit the pool is an
+error), so the attention reads as many distinct bytes as a real batch of that shape. The KV contents are
 whatever the pool holds: timing does not depend on them."""
 from __future__ import annotations
 

@@ -49,16 +49,20 @@ def base_overrides(model: str, policy: str, trace: str) -> list[str]:
     return [f"model={model}", f"policy={policy}", f"trace={trace}", *COMMON]
 
 
+def simulator_overrides(overrides: list[str], profile: str = "") -> list[str]:
+    """A cell's overrides as the simulator runs it: the calibrated model with `profile`
+    (default <hardware>_<model>)."""
+    profile = profile or f"{overrides_value(overrides, 'hardware')}_{overrides_value(overrides, 'model')}"
+    return overrides + ["backend=sim", "costmodel=calibrated", f"costmodel.profile={profile}"]
+
+
 def _sim_summary(overrides: list[str]) -> dict:
     import tempfile
 
     from testbed.config import compose
     from testbed.run import run
-    cfg = compose(overrides + ["backend=sim", "costmodel=calibrated",
-                               f"costmodel.profile={overrides_value(overrides, 'hardware')}_"
-                               f"{overrides_value(overrides, 'model')}"])
     with tempfile.TemporaryDirectory() as d:
-        return run(cfg, d, print_table=False)
+        return run(compose(simulator_overrides(overrides)), d, print_table=False)
 
 
 def overrides_value(overrides: list[str], key: str) -> str:

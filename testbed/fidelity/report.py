@@ -18,9 +18,9 @@ def engine_runs(out: Path, cell) -> list[Path]:
 
 def sim_overrides(cell, engine_summary: dict) -> list[str]:
     """The cell as the simulator replays it: the engine's KV pool size, the calibrated profile."""
+    from testbed.fidelity.cells import simulator_overrides
     profile = cell.profile or f"{engine_summary['config']['hardware']['name']}_{cell.model}"
-    return cell.overrides + ["backend=sim", "costmodel=calibrated", f"costmodel.profile={profile}",
-                             f"engine.num_pages={engine_summary['kv']['num_pages']}"]
+    return simulator_overrides(cell.overrides, profile) + [f"engine.num_pages={engine_summary['kv']['num_pages']}"]
 
 
 def replay(out: Path, cell) -> dict | None:

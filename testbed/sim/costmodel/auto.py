@@ -22,6 +22,8 @@ def _make_auto(spec: ModelSpec, hardware: HardwareSpec, cfg: AutoConfig):
                                                   profile_for, profile_mismatch)
     from testbed.sim.costmodel.roofline import RooflineConfig, RooflineCostModel
     name = profile_for(hardware.name, spec.name) if spec.name else None
-    if name is not None and not profile_mismatch(load_profile(name), spec, hardware, cfg.tp):
-        return CalibratedCostModel(spec, hardware, CalibratedConfig(profile=name, tp=cfg.tp, policy=cfg.policy))
+    prof = load_profile(name) if name is not None else None  # read once, for the check and the model
+    if prof is not None and not profile_mismatch(prof, spec, hardware, cfg.tp):
+        return CalibratedCostModel(spec, hardware, CalibratedConfig(profile=name, tp=cfg.tp, policy=cfg.policy),
+                                   profile=prof)
     return RooflineCostModel(spec, hardware, RooflineConfig(tp=cfg.tp))
