@@ -20,7 +20,7 @@ def main(argv):
 
     from testbed import assemble
     from testbed.config import compose
-    from testbed.engine.build import create_pool, engine_device, kv_slots, load_model_for, make_graphs
+    from testbed.engine.build import create_pool, engine_device, kv_slots, load_model_for, make_graphs, make_pieces
     from testbed.engine.executor import EngineExecutor
     from testbed.engine.synthetic_batch import greedy_sampling, synthetic_host_batch
     from testbed.engine.warmup import warm_up
@@ -32,7 +32,7 @@ def main(argv):
     slots = kv_slots(cfg, model, dev)
     create_pool(model, slots, 1)
     graphs = make_graphs(cfg, model, dev, slots, spec.max_context)
-    ex = EngineExecutor(model, dev, 256, None, None, graphs)
+    ex = EngineExecutor(model, dev, 256, None, None, graphs, make_pieces(cfg, model, dev, slots))
     warm_up(ex, slots, 1, spec.vocab_size, 8192, 256)
     hb = synthetic_host_batch([450] + [1] * 80, [0] + [2500] * 80, slots, 1, spec.vocab_size)
     samp = greedy_sampling(81)

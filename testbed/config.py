@@ -45,7 +45,10 @@ class EngineConfig:
     prefill_backend: str = "fa2"  # flashinfer prefill kernel template: fa2 | fa3 (Hopper)
     dtype: str = "bfloat16"
     overlap: bool = True
-    cuda_graph_max_bs: int = 256  # 0 disables CUDA graphs
+    cuda_graph_max_bs: int = 256  # decode CUDA graphs up to this batch; 0 disables them
+    # CUDA graphs for the other steps (prefill, mixed, decode beyond the graphs), in pieces
+    # between the attention calls, for token counts up to the policy's step budget
+    piecewise_graphs: bool = True
     warmup: bool = True  # run every kind of step once before the first arrival (GPU: compile outside the clock)
     ignore_eos: bool = True
     temperature: float = 0.0

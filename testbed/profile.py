@@ -87,6 +87,7 @@ def refit(path: Path, out: Path | None, host_from: list[Path] = ()) -> int:
         overrides += [f"engine.{k}={e[k]}" for k in ("tp", "page_size", "attention", "kernels", "dtype", "overlap",
                                                      "cuda_graph_max_bs", "prefill_backend")]
         overrides += [f"policy.{k}={e[k]}" for k in ("max_running", "max_prefill_tokens", "token_budget")]
+        overrides.append(f"engine.piecewise_graphs={e.get('piecewise_graphs', False)}")  # older profiles: none
         cfg = compose(overrides)
         host, starts = [], [old["machine"]]
         for p in [path, *host_from]:
@@ -98,8 +99,8 @@ def refit(path: Path, out: Path | None, host_from: list[Path] = ()) -> int:
             h = other["samples"]["host"]
             host += [dict(zip(h, v)) for v in zip(*h.values())]
         raw = {"device_samples": old["samples"]["device"], "host_samples": host,
-               "graph_sizes": e["graph_sizes"], "num_pages": e["num_pages"], "machine": old["machine"],
-               "timing": old["timing"]}
+               "graph_sizes": e["graph_sizes"], "piece_sizes": old["device"]["eager"].get("piece_sizes", []),
+               "num_pages": e["num_pages"], "machine": old["machine"], "timing": old["timing"]}
         prof = fit_profile(raw, cfg, assemble.model_spec(cfg), name=old["name"])
         prof["fitted_on"] = __import__("datetime").date.today().isoformat()
         if host_from:

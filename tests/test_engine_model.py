@@ -247,10 +247,11 @@ class _FakePagedWrapper:
         assert int(indptr[-1]) == indices.numel()
         _FakePagedWrapper.plans += 1
 
-    def run(self, q, paged_kv_cache):
+    def run(self, q, paged_kv_cache, *, out=None):
         k_cache, v_cache = paged_kv_cache  # [pages, page_size, kv_heads, D]
         p = self._plan
-        out = torch.empty_like(q)
+        assert out is None or (out.shape == q.shape and out.dtype == q.dtype)
+        out = torch.empty_like(q) if out is None else out
         group = p["num_qo_heads"] // p["num_kv_heads"]
         for i in range(len(p["last"])):
             pages = p["indices"][p["indptr"][i] : p["indptr"][i + 1]].long()

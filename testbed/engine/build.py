@@ -85,6 +85,7 @@ class EngineParts:
     graphs: object
     report: object
     warmup_s: float | None
+    pieces: object = None
 
 
 def build_parts(cfg, spec) -> EngineParts:
@@ -94,7 +95,8 @@ def build_parts(cfg, spec) -> EngineParts:
     slots = kv_slots(cfg, model, device)
     create_pool(model, slots, e.page_size)
     graphs = make_graphs(cfg, model, device, slots // e.page_size, spec.max_context)
-    parts = EngineParts(device, model, slots, graphs, report, None)
+    pieces = make_pieces(cfg, model, device, slots // e.page_size)
+    parts = EngineParts(device, model, slots, graphs, report, None, pieces)
     parts.warmup_s = warm_up_engine(cfg, spec, make_executor(cfg, spec, parts, None), slots, device)
     return parts
 
@@ -143,14 +145,34 @@ def make_graphs(cfg, model, device, num_pages: int, max_context: int):
                         max_pages_per_req=-(-max_context // cfg.engine.page_size))
 
 
+def eager_max_tokens(policy) -> int:
+    """The most tokens a step outside the decode graphs can have under the policy's budgets."""
+    return max(policy.max_prefill_tokens, policy.token_budget, policy.max_running)
+
+
+def make_pieces(cfg, model, device, num_pages: int):
+    """Piecewise CUDA graphs of the eager steps, or None (CPU, or engine.piecewise_graphs=false).
+    Every TP rank captures the same sizes."""
+    if device.type != "cuda" or not cfg.engine.piecewise_graphs:
+        return None
+    import time
+
+    from testbed.engine.piecewise_graphs import PiecewiseGraphs
+    t0 = time.perf_counter()
+    pieces = PiecewiseGraphs(model, device, eager_max_tokens(cfg.policy), scratch_slot=num_pages * cfg.engine.page_size)
+    log.info("piecewise CUDA graphs: %d sizes up to %d tokens, %d graphs in %.1f s", len(pieces.sizes),
+             pieces.max_tokens, pieces.num_graphs, time.perf_counter() - t0)
+    return pieces
+
+
 def make_executor(cfg, spec, parts: EngineParts, sched) -> EngineExecutor:
     from testbed.sim.build import cost_model_for
     cost, _ = cost_model_for(cfg, spec)  # each step's prediction, beside its measurement
-    return EngineExecutor(parts.model, parts.device, cfg.policy.max_running, sched, cost, parts.graphs)
+    return EngineExecutor(parts.model, parts.device, cfg.policy.max_running, sched, cost, parts.graphs, parts.pieces)
 
 
 def engine_info(cfg, sched, device, report, executor) -> dict:
     e = cfg.engine
     return {"num_pages": sched.cfg.num_pages, "page_size": e.page_size, "device": str(device), "tp": e.tp,
             "attention": e.attention, "kernels": resolve_kernels(e.kernels, device), "weights": str(report), "cuda_graphs": executor.graphs is not None,
-            "overlap": e.overlap, "cost_model": repr(executor.cost_model)}
+            "piecewise_graphs": executor.pieces is not None, "overlap": e.overlap, "cost_model": repr(executor.cost_model)}

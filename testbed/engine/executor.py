@@ -42,15 +42,18 @@ class StepHandle:
 
 
 class EngineExecutor:
-    def __init__(self, model, device: torch.device, num_rows: int, scheduler=None, cost_model=None, graphs=None):
+    def __init__(self, model, device: torch.device, num_rows: int, scheduler=None, cost_model=None, graphs=None,
+                 pieces=None):
         """num_rows: page-table rows (max running requests). scheduler: the page table
-        to build batches from (None on tensor-parallel workers, which only launch_host)."""
+        to build batches from (None on tensor-parallel workers, which only launch_host).
+        graphs: the decode CUDA graphs; pieces: the piecewise graphs of the other steps."""
         self.model = model
         self.sched = scheduler
         self.device = device
         self.cuda = device.type == "cuda"
         self.cost_model = cost_model
         self.graphs = graphs  # CUDA graphs for decode batches, or None
+        self.pieces = pieces  # piecewise CUDA graphs for the other steps, or None
         # the last token each page-table row sampled: a decode's input while its step is in flight
         self.last_token = torch.zeros(num_rows, dtype=torch.int64, device=device)
         # pinned host buffers for the sampled ids, reused in turn (allocating pinned memory
@@ -82,6 +85,8 @@ class EngineExecutor:
             start.record()
         if self.graphs is not None and fb.is_decode and self.graphs.fits(fb):
             logits = self.graphs.run(fb)
+        elif self.pieces is not None and self.pieces.fits(fb):
+            logits = self.pieces.run(fb)
         else:
             logits = self.model(fb)
         if len(hb.sample_idx) < logits.shape[0]:  # rows mid-prefill sample nothing

@@ -166,7 +166,7 @@ def run_host_workloads(cfg, spec, parts, policies, n: int) -> list[dict]:
         pcfg = dataclasses.replace(cfg.policy, name=name)
         c = dataclasses.replace(cfg, policy=pcfg)
         sched = make_scheduler(c, spec, parts.slots // cfg.engine.page_size)
-        ex = EngineExecutor(parts.model, parts.device, pcfg.max_running, sched, None, parts.graphs)
+        ex = EngineExecutor(parts.model, parts.device, pcfg.max_running, sched, None, parts.graphs, parts.pieces)
         reqs = host_workload(min(n, pcfg.max_running), spec.vocab_size, spec.max_context, seed=len(rows))
         driver = RealtimeDriver(sched, ex, reqs, overlap=cfg.engine.overlap)
         gc.collect()
@@ -199,7 +199,7 @@ def run_profile(cfg, spec, repeats: int = 5, quick: bool = False, policies=HOST_
     parts = build_parts(cfg, spec)
     device, slots, graphs = parts.device, parts.slots, parts.graphs
     sizes = list(graphs.sizes) if graphs is not None else []
-    ex = EngineExecutor(parts.model, device, p.max_running, None, None, graphs)
+    ex = EngineExecutor(parts.model, device, p.max_running, None, None, graphs, parts.pieces)
     max_tokens = max(p.max_prefill_tokens, p.token_budget)
     cps = _sleep_cycles_per_s(device) if device.type == "cuda" else None
     grid = device_grid(max_tokens, p.max_running, sizes, min(slots, 1 << 20), quick)
@@ -213,6 +213,7 @@ def run_profile(cfg, spec, repeats: int = 5, quick: bool = False, policies=HOST_
     host = run_host_workloads(cfg, spec, parts, policies, host_requests or p.max_running)
     return {
         "device_samples": samples, "host_samples": host, "graph_sizes": sizes, "num_pages": slots // e.page_size,
+        "piece_sizes": list(parts.pieces.sizes) if parts.pieces is not None else [],
         "timing": {"device_grid_s": t_dev, "host_workloads_s": time.perf_counter() - t0 - t_dev,
                    "shapes": len(grid), "repeats": repeats},
         "machine": machine_info(device),

@@ -70,9 +70,10 @@ class AttentionBackend(ABC):
         """Per-step setup, once before the layers run."""
 
     @abstractmethod
-    def attend(self, layer_id: int, q: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+    def attend(self, layer_id: int, q: torch.Tensor, fb: ForwardBatch,
+               out: torch.Tensor | None = None) -> torch.Tensor:
         """q [T, qo_heads, D] of the new tokens, whose K/V are already in the pool ->
-        output [T, qo_heads, D]."""
+        output [T, qo_heads, D] (written into ``out`` when given)."""
 
     def forward(
         self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fb: ForwardBatch

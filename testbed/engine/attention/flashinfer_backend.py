@@ -116,7 +116,9 @@ class FlashInferAttentionBackend(AttentionBackend):
     def _decode_backend(self) -> dict:
         return {"backend": "fa2"} if self._tensor_cores else {}
 
-    def attend(self, layer_id: int, q: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+    def attend(self, layer_id: int, q: torch.Tensor, fb: ForwardBatch,
+               out: torch.Tensor | None = None) -> torch.Tensor:
         if self._wrapper is None:
             raise RuntimeError("FlashInferAttentionBackend.attend before prepare(fb)")
-        return self._wrapper.run(q.contiguous(), self.pool.paged(layer_id))
+        # with out=None the wrapper zero-fills a new output: one kernel more per layer
+        return self._wrapper.run(q.contiguous(), self.pool.paged(layer_id), out=out)

@@ -33,11 +33,12 @@ class TorchAttentionBackend(AttentionBackend):
                 mask = torch.arange(ctx, device=device)[None, :] <= q_pos[:, None]
             self._segments.append((qo[i], qo[i + 1], slots, mask))
 
-    def attend(self, layer_id: int, q: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+    def attend(self, layer_id: int, q: torch.Tensor, fb: ForwardBatch,
+               out: torch.Tensor | None = None) -> torch.Tensor:
         pool = self.pool
         k_buf, v_buf = pool.k[layer_id], pool.v[layer_id]
         group = self.num_qo_heads // self.num_kv_heads
-        out = torch.empty_like(q)
+        out = torch.empty_like(q) if out is None else out
         for q_start, q_end, slots, mask in self._segments:
             kk = k_buf[slots].to(q.dtype)  # [ctx, kv_heads, D]
             vv = v_buf[slots].to(q.dtype)

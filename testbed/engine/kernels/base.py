@@ -36,9 +36,10 @@ class Ops(ABC):
         k_cache: torch.Tensor,  # [slots, KV, D]
         v_cache: torch.Tensor,
         loc: torch.Tensor,  # int32 [T]: the new tokens' slots
+        q_out: torch.Tensor | None = None,  # [T, H, D] to write q into (a graph's fixed buffer)
     ) -> torch.Tensor:
         """Optional q/k RMSNorm, rotate-half RoPE on q and k, store k and v at ``loc``;
-        returns q [T, H, D]."""
+        returns q [T, H, D] (``q_out`` when given)."""
 
     @abstractmethod
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:

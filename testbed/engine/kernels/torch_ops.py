@@ -31,7 +31,7 @@ class TorchOps(Ops):
         s = x + residual
         return self.rmsnorm(s, weight, eps), s
 
-    def qkv_rope_store(self, qkv, cos, sin, num_heads, num_kv_heads, q_norm, k_norm, eps, k_cache, v_cache, loc):
+    def qkv_rope_store(self, qkv, cos, sin, num_heads, num_kv_heads, q_norm, k_norm, eps, k_cache, v_cache, loc, q_out=None):
         T = qkv.shape[0]
         D = k_cache.shape[-1]
         q, k, v = qkv.split([num_heads * D, num_kv_heads * D, num_kv_heads * D], dim=-1)
@@ -41,7 +41,7 @@ class TorchOps(Ops):
         # one rotary over q and k heads together: half the kernels of two
         qk = apply_rotary(torch.cat((q, k), dim=1), cos, sin)
         store_kv(k_cache, v_cache, loc, qk[:, num_heads:], v)
-        return qk[:, :num_heads]
+        return qk[:, :num_heads] if q_out is None else q_out.copy_(qk[:, :num_heads])
 
     def silu_mul(self, gate_up):
         gate, up = gate_up.chunk(2, dim=-1)

@@ -137,14 +137,19 @@ class TritonOps(Ops):
     def add_rmsnorm(self, x, residual, weight, eps):
         return self._norm(x, residual, weight, eps)
 
-    def qkv_rope_store(self, qkv, cos, sin, num_heads, num_kv_heads, q_norm, k_norm, eps, k_cache, v_cache, loc):
+    def qkv_rope_store(self, qkv, cos, sin, num_heads, num_kv_heads, q_norm, k_norm, eps, k_cache, v_cache, loc, q_out=None):
         T = qkv.shape[0]
         D = k_cache.shape[-1]
         if D % 2 or qkv.shape[-1] != (num_heads + 2 * num_kv_heads) * D:
             raise ValueError(f"qkv of width {qkv.shape[-1]} does not hold {num_heads} q and 2 x {num_kv_heads} "
                              f"kv heads of (even) head_dim {D}")
         qkv = _rows(qkv)
-        q = torch.empty((T, num_heads, D), dtype=qkv.dtype, device=qkv.device)
+        if q_out is None:
+            q = torch.empty((T, num_heads, D), dtype=qkv.dtype, device=qkv.device)
+        elif q_out.shape != (T, num_heads, D) or not q_out.is_contiguous():
+            raise ValueError(f"q_out of shape {tuple(q_out.shape)} for q of shape {(T, num_heads, D)} (contiguous)")
+        else:
+            q = q_out
         if T:
             has_norm = q_norm is not None
             _qkv_rope_store_kernel[(T,)](

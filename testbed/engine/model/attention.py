@@ -1,5 +1,7 @@
 """Self-attention block: fused qkv projection; q/k RMSNorm (Qwen3), RoPE and the K/V store
-into the paged pool in one op; paged attention through the backend; output projection."""
+into the paged pool in one op; paged attention through the backend; output projection.
+``project`` and ``output`` are the parts before and after the attention call (what the
+piecewise CUDA graphs capture, testbed/engine/piecewise_graphs.py)."""
 
 from __future__ import annotations
 
@@ -36,6 +38,19 @@ class SelfAttention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
+    def project(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], pool, loc: torch.Tensor,
+                q_out: torch.Tensor | None = None) -> torch.Tensor:
+        """Before attention: qkv projection, q/k norm + RoPE, K/V stored at ``loc``; returns q
+        [T, heads, D] (written into ``q_out`` when given)."""
+        cos, sin = rope
+        norms = (self.q_norm.weight, self.k_norm.weight) if self.q_norm is not None else (None, None)
+        return self.ops.qkv_rope_store(self.qkv_proj(x), cos, sin, self.num_heads, self.num_kv_heads, *norms,
+                                       self.eps, pool.k[self.layer_id], pool.v[self.layer_id], loc, q_out)
+
+    def output(self, o: torch.Tensor) -> torch.Tensor:
+        """After attention: the output projection of o [T, heads, D]."""
+        return self.o_proj(o.reshape(o.shape[0], self.num_heads * self.head_dim))
+
     def forward(
         self,
         x: torch.Tensor,
@@ -43,11 +58,5 @@ class SelfAttention(nn.Module):
         fb: ForwardBatch,
         backend: AttentionBackend,
     ) -> torch.Tensor:
-        T = x.shape[0]
-        pool = backend.pool
-        cos, sin = rope
-        norms = (self.q_norm.weight, self.k_norm.weight) if self.q_norm is not None else (None, None)
-        q = self.ops.qkv_rope_store(self.qkv_proj(x), cos, sin, self.num_heads, self.num_kv_heads, *norms,
-                                    self.eps, pool.k[self.layer_id], pool.v[self.layer_id], fb.out_cache_loc)
-        o = backend.attend(self.layer_id, q, fb)
-        return self.o_proj(o.reshape(T, self.num_heads * self.head_dim))
+        q = self.project(x, rope, backend.pool, fb.out_cache_loc)
+        return self.output(backend.attend(self.layer_id, q, fb))

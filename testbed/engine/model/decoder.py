@@ -38,13 +38,23 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops, dtype, device)
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, tp, ops, dtype, device)
 
-    def forward(self, x, residual, rope, fb: ForwardBatch, backend: AttentionBackend):
+    def before_attention(self, x, residual, rope, pool, loc, q_out=None):
+        """-> (q, residual): the input norm (with the previous layer's residual add) and the
+        attention's projection, K/V stored at ``loc``."""
         if residual is None:
             residual, h = x, self.input_layernorm(x)
         else:
             h, residual = self.input_layernorm.add(x, residual)
-        h, residual = self.post_attention_layernorm.add(self.self_attn(h, rope, fb, backend), residual)
+        return self.self_attn.project(h, rope, pool, loc, q_out), residual
+
+    def after_attention(self, o, residual):
+        """-> (mlp output, residual): output projection, residual add + norm, MLP."""
+        h, residual = self.post_attention_layernorm.add(self.self_attn.output(o), residual)
         return self.mlp(h), residual
+
+    def forward(self, x, residual, rope, fb: ForwardBatch, backend: AttentionBackend):
+        q, residual = self.before_attention(x, residual, rope, backend.pool, fb.out_cache_loc)
+        return self.after_attention(backend.attend(self.self_attn.layer_id, q, fb), residual)
 
 
 class CausalLM(nn.Module):
@@ -106,11 +116,19 @@ class CausalLM(nn.Module):
     @torch.inference_mode()
     def forward_prepared(self, fb: ForwardBatch) -> torch.Tensor:
         """The layers alone, after the backend was prepared: what a CUDA graph captures."""
-        rope = self.rotary(fb.positions)
-        x, residual = self.embed_tokens(fb.input_ids), None
+        x, rope = self.embed(fb.input_ids, fb.positions)
+        residual = None
         for layer in self.layers:
             x, residual = layer(x, residual, rope, fb, self.attn_backend)
-        last = fb.last_token_index()  # only the rows that sample need the final norm
+        return self.head(x, residual, fb.last_token_index())
+
+    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor):
+        """-> (token embeddings, rope (cos, sin) of the positions)."""
+        return self.embed_tokens(input_ids), self.rotary(positions)
+
+    def head(self, x: torch.Tensor, residual: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        """Logits of the rows ``last`` (each request's last new token): only those need the
+        final norm."""
         x, _ = self.norm.add(x[last], residual[last])
         return self.lm_head(x)
 

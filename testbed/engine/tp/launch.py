@@ -15,7 +15,7 @@ import torch
 from testbed.assemble import make_scheduler
 from testbed.engine.batch_builder import build_host_batch
 from testbed.engine.build import (EngineParts, create_pool, engine_device, engine_info, kv_slots, load_model_for,
-                                  make_executor, make_graphs, warm_up_engine)
+                                  make_executor, make_graphs, make_pieces, warm_up_engine)
 from testbed.engine.driver import RealtimeDriver
 from testbed.engine.executor import sampling_lists
 from testbed.engine.tp.messages import check_same_plan
@@ -84,6 +84,7 @@ class TPExecutor:
         self.cuda = local.cuda
         self.cost_model = local.cost_model
         self.graphs = local.graphs
+        self.pieces = local.pieces
         self._closed = False
 
     def _failure(self, e: Exception) -> RuntimeError:
@@ -165,7 +166,8 @@ def build_tp_engine(cfg, spec, requests):
         create_pool(model, slots, e.page_size)
         sched = make_scheduler(cfg, spec, slots // e.page_size)
         graphs = make_graphs(cfg, model, device, slots // e.page_size, spec.max_context)
-        local = make_executor(cfg, spec, EngineParts(device, model, slots, graphs, report, None), sched)
+        pieces = make_pieces(cfg, model, device, slots // e.page_size)
+        local = make_executor(cfg, spec, EngineParts(device, model, slots, graphs, report, None, pieces), sched)
     except BaseException:
         sup.terminate()
         raise

@@ -39,7 +39,7 @@ def worker_main(rank: int, world: int, port: int, cfg) -> None:
     import torch
     import torch.distributed as dist
 
-    from testbed.engine.build import create_pool, engine_device, kv_slots, load_model_for, make_graphs
+    from testbed.engine.build import create_pool, engine_device, kv_slots, load_model_for, make_graphs, make_pieces
     from testbed.engine.executor import EngineExecutor
     from testbed.engine.tp.messages import check_same_plan
 
@@ -53,7 +53,8 @@ def worker_main(rank: int, world: int, port: int, cfg) -> None:
     slots = agree_kv_slots(kv_slots(cfg, model, device), msg_group)
     create_pool(model, slots, cfg.engine.page_size)
     graphs = make_graphs(cfg, model, device, slots // cfg.engine.page_size, model.config.max_position_embeddings)
-    ex = EngineExecutor(model, device, cfg.policy.max_running, graphs=graphs)
+    pieces = make_pieces(cfg, model, device, slots // cfg.engine.page_size)
+    ex = EngineExecutor(model, device, cfg.policy.max_running, graphs=graphs, pieces=pieces)
     prev = None
     while True:
         box = [None]

@@ -9,8 +9,9 @@ overlap protocol, testbed/sim/executor.py):
   captured graph of size s >= B: ``a_s + b_s * KV tokens + i_s * imbalance`` (padding
   included: the size is s, not B; imbalance = rows x the longest context - the KV tokens: at
   batch 17-64 Llama-3.1-8B's graph decode takes as long as its longest rows). Anything else
-  runs eagerly: ``base(tokens)``, the measured curve of one fresh prompt of that many tokens,
-  plus fitted seconds per unit of attention work, KV read, requests and imbalance beyond that
+  runs eagerly (in the piecewise CUDA graph of the smallest size >= its tokens, when the
+  profile was measured with them): ``base(padded tokens)``, the measured curve of one fresh
+  prompt of that many tokens, plus fitted seconds per unit of attention work, KV read, requests and imbalance beyond that
   prompt's.
 * ``host`` (schedule, batch build, upload), ``launch`` (enqueueing; graph or eager) and
   ``complete`` (applying the result): linear in requests, tokens and KV tokens, fitted to the
@@ -43,7 +44,7 @@ from testbed.modelspec import ModelSpec
 from testbed.sim.costmodel.base import StepCost, as_batch, register_cost_model
 from testbed.sim.costmodel.fit import (COMPLETE_FEATURES, EAGER_EXTRA, HOST_FEATURES, LAUNCH_FEATURES, MODEL_FIELDS,
                                        PROFILE_FORMAT, attn_work, base_curve, graph_imbalance,
-                                       imbalance)
+                                       imbalance, padded_tokens)
 from testbed.sim.costmodel.hardware import HardwareSpec
 
 __all__ = ["CalibratedConfig", "CalibratedCostModel", "PROFILES_DIR", "available_profiles", "load_profile",
@@ -192,6 +193,7 @@ class CalibratedCostModel:
         e = prof["device"]["eager"]
         self._bt, self._bs = np.array(e["base_tokens"], float), np.array(e["base_s"], float)
         self._extra = np.array([e["coef_s"].get(k, 0.0) for k in EAGER_EXTRA], float)
+        self._pieces = np.array(e.get("piece_sizes", []), float)  # empty: profiled without piecewise graphs
         self.range = prof["device"]["range"]
         self._warned: set[str] = set()
         self._roofline = None
@@ -213,7 +215,7 @@ class CalibratedCostModel:
         if b > self.range["reqs"] or tok > self.range["tokens"] or kv > self.range["kv_tokens"]:
             return self._outside(kind, n, c, b, tok, kv)
         x = np.array([attn_work(n, c) - tok * (tok + 1) / 2, kv - tok, b - 1, imb], float)
-        return float(base_curve(self._bt, self._bs, [tok])[0] + self._extra @ x)
+        return float(base_curve(self._bt, self._bs, padded_tokens(self._pieces, [tok]))[0] + self._extra @ x)
 
     def _outside(self, kind, n, c, b, tok, kv) -> float:
         if kind not in self._warned:

@@ -9,7 +9,8 @@ cost model's profile (testbed/sim/costmodel/calibrated.py says what each part pr
   graph padding enters.
 * Eager steps (a prefill chunk in the batch, or a decode batch beyond the graphs), device:
   ``base(tokens)``, a piecewise-linear curve through the single fresh prompt of each
-  profiled token count (the linear layers' time is far from linear in the tokens on a GPU:
+  profiled token count (tokens padded to the piecewise CUDA graph's size that runs them,
+  ``padded_tokens``: the profiled counts are sizes, so the curve's points are exact) (the linear layers' time is far from linear in the tokens on a GPU:
   flat while weight-bound, then steeper), plus non-negative coefficients (NNLS) for what a
   batch has beyond one fresh prompt of the same tokens: attention work
   ``sum n_i (c_i + (n_i + 1) / 2)`` minus that prompt's, KV tokens read beyond the new ones,
@@ -174,9 +175,21 @@ def fit_graph(samples: list[dict], sizes: list[int]) -> dict:
     return {"sizes": list(sizes), "const_s": const, "per_kv_token_s": slope, "per_imbalance_s": imb}
 
 
-def fit_eager(samples: list[dict], max_graph: int) -> dict:
+def padded_tokens(piece_sizes, tokens) -> np.ndarray:
+    """The token count an eager step runs at: the smallest piecewise-graph size that holds it
+    (its linear layers run the padding rows too), or its own beyond the largest (or without
+    piecewise graphs)."""
+    t = np.asarray(tokens, float)
+    sizes = np.asarray(piece_sizes, float)
+    if not len(sizes):
+        return t
+    i = np.searchsorted(sizes, t)
+    return np.where(t <= sizes[-1], sizes[np.minimum(i, len(sizes) - 1)], t)
+
+
+def fit_eager(samples: list[dict], max_graph: int, piece_sizes=()) -> dict:
     eager = [d for d in samples if not (d["kind"] == "decode" and d["reqs"] <= max_graph)]
-    base = sorted((d["tokens"], d["device_s"]) for d in eager
+    base = sorted((float(padded_tokens(piece_sizes, d["tokens"])), d["device_s"]) for d in eager
                   if d["kind"] == "prefill" and d["reqs"] == 1 and d["kv_tokens"] == d["tokens"])
     if len(base) < 2:
         raise ValueError("profile: fewer than two single fresh prompts to draw the eager base curve through")
@@ -188,8 +201,9 @@ def fit_eager(samples: list[dict], max_graph: int) -> dict:
         batches = [sample_batch(d) for d in rest]
         x = eager_extras(r["reqs"], r["tokens"], r["kv_tokens"], [attn_work(*b) for b in batches],
                          [imbalance(*b) for b in batches])
-        coef = scaled_nnls(x, r["device_s"] - base_curve(bt, bs, r["tokens"]))
-    return {"base_tokens": bt.tolist(), "base_s": bs.tolist(), "coef_s": dict(zip(EAGER_EXTRA, map(float, coef)))}
+        coef = scaled_nnls(x, r["device_s"] - base_curve(bt, bs, padded_tokens(piece_sizes, r["tokens"])))
+    return {"base_tokens": bt.tolist(), "base_s": bs.tolist(), "coef_s": dict(zip(EAGER_EXTRA, map(float, coef))),
+            "piece_sizes": [int(x) for x in piece_sizes]}
 
 
 def sample_batch(d: dict) -> tuple[list[int], list[int]]:
@@ -260,7 +274,8 @@ def fit_profile(raw: dict, cfg, spec, name: str | None = None) -> dict:
     sizes = list(raw["graph_sizes"])
     max_graph = sizes[-1] if sizes else 0
     dev = raw["device_samples"]
-    device = {"graph": fit_graph(dev, sizes) if sizes else None, "eager": fit_eager(dev, max_graph),
+    pieces = list(raw.get("piece_sizes", []))
+    device = {"graph": fit_graph(dev, sizes) if sizes else None, "eager": fit_eager(dev, max_graph, pieces),
               "range": {k: int(max(d[k] for d in dev)) for k in ("reqs", "tokens", "kv_tokens")}}
     hrows = raw["host_samples"]
     by_policy = sorted({r["policy"] for r in hrows})
@@ -279,7 +294,8 @@ def fit_profile(raw: dict, cfg, spec, name: str | None = None) -> dict:
                    "dtype": e.dtype, "overlap": e.overlap, "cuda_graph_max_bs": e.cuda_graph_max_bs,
                    "graph_sizes": sizes, "num_pages": raw["num_pages"], "prefill_backend": e.prefill_backend,
                    "decode_tensor_cores": e.decode_tensor_cores, "max_running": p.max_running,
-                   "max_prefill_tokens": p.max_prefill_tokens, "token_budget": p.token_budget},
+                   "max_prefill_tokens": p.max_prefill_tokens, "token_budget": p.token_budget,
+                   "piecewise_graphs": bool(pieces)},
         "machine": raw["machine"],
         "timing": raw["timing"],
         "device": device,

@@ -1,0 +1,86 @@
+"""Piecewise CUDA graphs on the GPU: their logits against the eager forward, their capture
+time and memory, and the host launch time of eager steps with and without them. Exits 1 when
+the logits disagree.
+
+    python benchmarks/check_piecewise.py model=qwen3_0_6b model.weights=dummy [--out FILE.json]
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+# (extend_lens, cached_lens): a chunk beside decodes, a long chunk beside many decodes, one
+# fresh prompt, four chunks over cached prefixes, decode beyond the graphs
+SHAPES = [([37] + [1] * 5, [0] + [20] * 5), ([450] + [1] * 80, [0] + [2500] * 80), ([2000], [0]),
+          ([512] * 4, [1024] * 4), ([1] * 300, [64] * 300)]
+
+
+def main(argv):
+    import numpy as np
+    import torch
+
+    from testbed import assemble
+    from testbed.config import compose
+    from testbed.engine.build import build_parts, make_pieces
+    from testbed.engine.executor import EngineExecutor
+    from testbed.engine.synthetic_batch import greedy_sampling, synthetic_host_batch
+
+    out = None
+    if "--out" in argv:
+        i = argv.index("--out")
+        out, argv = Path(argv[i + 1]), argv[:i] + argv[i + 2:]
+    cfg = compose(["backend=engine", "engine.piecewise_graphs=false"] + argv)
+    spec = assemble.model_spec(cfg)
+    parts = build_parts(cfg, spec)
+    dev, slots = parts.device, parts.slots
+    torch.cuda.synchronize(dev)
+    free0 = torch.cuda.mem_get_info(dev)[0]
+    t0 = time.perf_counter()
+    cfg.engine.piecewise_graphs = True
+    pieces = make_pieces(cfg, parts.model, dev, slots // cfg.engine.page_size)
+    capture_s = time.perf_counter() - t0
+    graph_mem = free0 - torch.cuda.mem_get_info(dev)[0]
+    rows = cfg.policy.max_running * 2
+    plain = EngineExecutor(parts.model, dev, rows, None, None, parts.graphs)
+    piecewise = EngineExecutor(parts.model, dev, rows, None, None, parts.graphs, pieces)
+    res = {"model": cfg.model.name, "capture_s": capture_s, "graph_memory_gib": graph_mem / 2**30,
+           "sizes": len(pieces.sizes), "max_tokens": pieces.max_tokens, "graphs": pieces.num_graphs, "shapes": []}
+    ok = True
+    for k, (ext, cac) in enumerate(SHAPES):
+        hb = synthetic_host_batch(ext, cac, slots, cfg.engine.page_size, spec.vocab_size, seed=k)
+        fb = hb.fb.to(dev)
+        with torch.inference_mode():
+            want = parts.model(fb).float()
+            got = pieces.run(fb).float()
+        rel = float((got - want).abs().max() / want.abs().max())
+        agree = float((got.argmax(-1) == want.argmax(-1)).float().mean())
+        ok &= rel < 2e-2 and agree >= 0.99
+        samp = greedy_sampling(len(ext))
+        row = {"extend": len(ext), "tokens": int(sum(ext)), "kv_tokens": int(sum(ext) + sum(cac)),
+               "max_rel_diff": rel, "argmax_agree": agree}
+        for name, ex in (("eager", plain), ("piecewise", piecewise)):
+            host, devt = [], []
+            for _ in range(12):
+                a = time.perf_counter()
+                h = ex.launch_host(hb, samp)
+                host.append(time.perf_counter() - a)
+                devt.append(ex.collect(h).duration)
+            row[f"{name}_launch_ms"] = 1e3 * float(np.median(host[2:]))
+            row[f"{name}_device_ms"] = 1e3 * float(np.median(devt[2:]))
+        res["shapes"].append(row)
+        print(json.dumps(row), flush=True)
+    res["ok"] = bool(ok)
+    print(f"capture {capture_s:.1f} s, {pieces.num_graphs} graphs over {len(pieces.sizes)} sizes, "
+          f"{graph_mem / 2**30:.2f} GiB; logits {'agree' if ok else 'DISAGREE'}")
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(res, indent=1) + "\n")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,79 @@
+"""Piecewise graphs (testbed/engine/piecewise_graphs.py) without CUDA: the same pieces run
+eagerly (capture=False) against the model's plain forward, padding rows included. The graph
+capture itself runs on the GPU (benchmarks/check_piecewise.py)."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from testbed.engine.model import build_model, load_weights  # noqa: E402
+from testbed.engine.model.config import read_hf_config  # noqa: E402
+from testbed.engine.piecewise_graphs import PiecewiseGraphs, token_sizes  # noqa: E402
+from testbed.engine.synthetic_batch import synthetic_host_batch  # noqa: E402
+from tests.engine_fixtures import tiny_config  # noqa: E402
+
+SLOTS = 512
+
+
+@given(st.integers(1, 20000))
+@settings(max_examples=300, deadline=None)
+def test_token_sizes_cover_with_bounded_padding(max_tokens):
+    sizes = token_sizes(max_tokens)
+    assert sizes == sorted(set(sizes)) and all(s % 16 == 0 for s in sizes)
+    assert sizes[-1] >= max_tokens > (sizes[-2] if len(sizes) > 1 else 0)
+    for t in {1, 15, 16, 17, 255, 256, 257, 1000, max_tokens // 2 + 1, max_tokens}:
+        if t <= max_tokens:
+            s = next(s for s in sizes if s >= t)
+            assert s - t < 16 or s - t <= t / 8, (t, s)  # at most 12.5% padding above 16 tokens
+
+
+def _model(kind, tmp_path):
+    import json
+    (tmp_path / "config.json").write_text(json.dumps(tiny_config(kind)))
+    model = build_model(read_hf_config(str(tmp_path)), torch.float32, "cpu", "torch", kernels="torch")
+    load_weights(model, "dummy", seed=0)
+    model.create_kv_pool(SLOTS + 1, 1)  # + the scratch slot
+    return model
+
+
+def _pool_state(model):
+    pool = model.attn_backend.pool
+    return [t.clone() for t in pool.k] + [t.clone() for t in pool.v]
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "llama"])
+def test_pieces_equal_the_forward(kind, tmp_path):
+    model = _model(kind, tmp_path)
+    pieces = PiecewiseGraphs(model, "cpu", 300, scratch_slot=SLOTS, capture=False)
+    pool = model.attn_backend.pool
+    torch.manual_seed(1)
+    for t in list(pool.k) + list(pool.v):
+        t.normal_()
+    # a prefill chunk over a cached prefix beside decodes (42 tokens: 6 padding rows), then a
+    # bigger step and a smaller one again: stale rows in the fixed buffers must not matter
+    for ext, cac in [([37] + [1] * 5, [0] + [20] * 5), ([150, 90], [10, 0]), ([3, 1], [7, 30])]:
+        fb = synthetic_host_batch(ext, cac, SLOTS, 1, model.config.vocab_size, seed=len(ext)).fb
+        before = _pool_state(model)
+        got = pieces.run(fb)
+        after_pieces = _pool_state(model)
+        for t, b in zip(list(pool.k) + list(pool.v), before):
+            t.copy_(b)
+        want = model(fb)
+        after_forward = _pool_state(model)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        T, s = fb.num_tokens, pieces.size_for(fb.num_tokens)
+        for a, b, old in zip(after_pieces, after_forward, before):
+            torch.testing.assert_close(a[:SLOTS], b[:SLOTS], rtol=1e-5, atol=1e-5)  # the same K/V written
+            assert torch.equal(a[SLOTS], old[SLOTS]) == (s == T)  # padding rows wrote the scratch slot only
+
+
+def test_fits_up_to_the_largest_size(tmp_path):
+    model = _model("qwen3", tmp_path)
+    pieces = PiecewiseGraphs(model, "cpu", 40, scratch_slot=SLOTS, capture=False)
+    assert pieces.sizes == [16, 32, 48] and pieces.num_graphs == 3 * (model.config.num_layers + 1)
+    small = synthetic_host_batch([48], [0], SLOTS, 1, 256).fb
+    big = synthetic_host_batch([49], [0], SLOTS, 1, 256).fb
+    assert pieces.fits(small) and not pieces.fits(big)
