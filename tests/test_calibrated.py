@@ -85,9 +85,11 @@ def test_step_cost_parts_and_interface():
     assert model.step_time(*decode(32)) == c.device
     assert model.breakdown(*decode(32)) == {"host": c.host, "launch": c.launch, "device": c.device,
                                              "complete": c.complete}
-    # host work grows with the batch; an eager launch costs far more than a graph replay on this model
+    # host work grows with the batch; an eager step (a graph piece and an attention call per
+    # layer) takes longer to launch than one decode graph, and far less than the ~11 ms the
+    # kernel-by-kernel launch took on this model (benchmarks/results/piecewise)
     assert model.step_cost(*decode(200)).host > model.step_cost(*decode(2)).host
-    assert model.step_cost([512], [0]).launch > 5 * model.step_cost(*decode(8)).launch
+    assert 2 * model.step_cost(*decode(8)).launch < model.step_cost([512], [0]).launch < 5e-3
     # vectorised host parts agree with step_cost
     parts = model.host_parts_arrays([32, 1], [32, 512], [32032, 512])
     assert parts["host_s"][0] == pytest.approx(c.host) and parts["launch_s"][0] == pytest.approx(c.launch)

@@ -51,7 +51,7 @@ def decode(b, ctx):
 # ---------------------------------------------------------------------- hardware
 def test_hardware_files():
     assert {"h200", "h100", "a100"} <= set(available_hardware())
-    assert H200 == HardwareSpec("h200", 4.3e12, 790e12, 141e9, 450e9, 1e-5)
+    assert H200 == HardwareSpec("h200", 4.3e12, 790e12, 141e9, 450e9, 1e-5, 132)
     h100, a100 = load_hardware("h100"), load_hardware("a100")
     assert (h100.mem_bw, h100.flops, h100.mem_bytes, h100.link_bw) == (3.35e12, 989e12, 80e9, 450e9)
     assert (a100.mem_bw, a100.flops, a100.mem_bytes, a100.link_bw) == (2.039e12, 312e12, 80e9, 300e9)
@@ -60,6 +60,8 @@ def test_hardware_files():
 
 
 def test_hardware_validation():
+    with pytest.raises(ValueError, match=r"hardware.num_sms=-2 is invalid.*integer >= 0"):
+        load_hardware({**dataclasses.asdict(H200), "num_sms": -2})
     with pytest.raises(ValueError, match=r"hardware.mem_bw=-1.*> 0"):
         HardwareSpec("x", -1, 1e12, 1e9, 1e9)
     with pytest.raises(ValueError, match=r"hardware='tpu9' is unknown.*h200"):

@@ -51,7 +51,7 @@ def test_warmup_covers_every_graph_size_token_count_kind_and_the_sampler():
 
 
 def test_profiler_grid_keeps_within_limits():
-    from testbed.engine.profiler import decode_sizes, device_grid
+    from testbed.engine.profiler import decode_sizes, device_grid, shape_record
     assert decode_sizes([1, 2, 4, 8, 16], 16) == [1, 2, 4, 8, 16]
     assert decode_sizes([1, 2, 4, 8, 16], 64) == [1, 2, 4, 8, 16, 17, 40, 64]
     grid = device_grid(2048, 64, [1, 2, 4, 8, 16], max_kv=100_000)
@@ -61,8 +61,7 @@ def test_profiler_grid_keeps_within_limits():
         assert len(sh.extend) <= 64 and sum(sh.extend) + sum(sh.cached) <= 100_000
         assert sum(sh.extend) <= 2048 or sh.kind == "mixed"
         # what a profile stores of a shape gives the shape back
-        d = {"kind": sh.kind, "pattern": sh.pattern, "reqs": len(sh.extend), "extend": sh.extend[0], "cached": sh.base}
-        assert sample_batch(d) == (sh.extend, sh.cached)
+        assert sample_batch(shape_record(sh)) == (sh.extend, sh.cached)
 
 
 # ---------------------------------------------------------------------- the profiler on the CPU

@@ -41,6 +41,12 @@ DECODE_KV = (64, 512, 2048, 8192)
 MIXED_DECODES = (8, 64, 256)
 MIXED_KV = (512, 2048)
 MIXED_CHUNKS = (64, 256, 1024, 4096)
+# mixed steps as `chunked` builds them (its 512-token budget): a chunk over its request's
+# earlier chunks (or a shared prefix) beside decodes of spread contexts, long ones included
+CHUNKED_DECODES = (4, 16, 64, 192)
+CHUNKED_KV = (512, 2048, 8192)
+CHUNKED_CHUNKS = (64, 256, 448)
+CHUNKED_PREFIX = (0, 2048, 12288)
 SPREAD_KV = (512, 2048)
 HOST_POLICIES = ("chunked", "prefill_first", "decode_first")
 # The share of a decode row's context laid out as generated tokens (interleaved across the
@@ -99,7 +105,22 @@ def device_grid(max_tokens: int, max_running: int, graph_sizes: list[int], max_k
                     if d > 1:
                         shapes.append(Shape("mixed", [n] + [1] * d, [0] + (spread_lengths(L, d) - 1).tolist(), "spread",
                                             L - 1))
+    if not quick:
+        for d in CHUNKED_DECODES:
+            for L in CHUNKED_KV:
+                for n in CHUNKED_CHUNKS:
+                    for pre in CHUNKED_PREFIX:
+                        if d < max_running and n + d <= max_tokens + d and 2 * d * L + n + pre <= max_kv:
+                            shapes.append(Shape("mixed", [n] + [1] * d, [pre] + (spread_lengths(L, d) - 1).tolist(),
+                                                "spread", L - 1))
     return shapes
+
+
+def shape_record(sh: Shape) -> dict:
+    """What a profile stores of a shape (fit.sample_batch gives the shape back)."""
+    return {"kind": sh.kind, "pattern": sh.pattern, "reqs": len(sh.extend), "tokens": int(sum(sh.extend)),
+            "kv_tokens": int(sum(sh.extend) + sum(sh.cached)), "extend": sh.extend[0], "cached": sh.base,
+            **({"chunk_cached": sh.cached[0]} if sh.kind == "mixed" else {})}
 
 
 def _sleep_cycles_per_s(device) -> float:
@@ -206,9 +227,7 @@ def run_profile(cfg, spec, repeats: int = 5, quick: bool = False, policies=HOST_
     samples = []
     for sh in grid:
         m = time_shape(ex, sh.extend, sh.cached, slots, e.page_size, spec.vocab_size, repeats, cps)
-        samples.append({"kind": sh.kind, "pattern": sh.pattern, "reqs": len(sh.extend), "tokens": int(sum(sh.extend)),
-                        "kv_tokens": int(sum(sh.extend) + sum(sh.cached)), "extend": sh.extend[0], "cached": sh.base,
-                        **m})
+        samples.append(shape_record(sh) | m)
     t_dev = time.perf_counter() - t0
     host = run_host_workloads(cfg, spec, parts, policies, host_requests or p.max_running)
     return {
@@ -227,6 +246,7 @@ def machine_info(device) -> dict:
     if device.type == "cuda":
         prop = torch.cuda.get_device_properties(device)
         info |= {"gpu": prop.name, "gpu_memory_gib": round(prop.total_memory / 2**30, 1),
+                 "gpu_sms": prop.multi_processor_count,
                  "cuda": torch.version.cuda, "driver": _driver_version()}
     for mod in ("flashinfer", "triton", "transformers"):
         try:

@@ -43,8 +43,8 @@ import numpy as np
 from testbed.modelspec import ModelSpec
 from testbed.sim.costmodel.base import StepCost, as_batch, register_cost_model
 from testbed.sim.costmodel.fit import (COMPLETE_FEATURES, EAGER_EXTRA, HOST_FEATURES, LAUNCH_FEATURES, MODEL_FIELDS,
-                                       PROFILE_FORMAT, attn_work, base_curve, graph_imbalance,
-                                       imbalance, padded_tokens)
+                                       PROFILE_FORMAT, Fa2Shape, base_curve, eager_extras, graph_imbalance,
+                                       padded_tokens)
 from testbed.sim.costmodel.hardware import HardwareSpec
 
 __all__ = ["CalibratedConfig", "CalibratedCostModel", "PROFILES_DIR", "available_profiles", "load_profile",
@@ -194,6 +194,7 @@ class CalibratedCostModel:
         self._bt, self._bs = np.array(e["base_tokens"], float), np.array(e["base_s"], float)
         self._extra = np.array([e["coef_s"].get(k, 0.0) for k in EAGER_EXTRA], float)
         self._pieces = np.array(e.get("piece_sizes", []), float)  # empty: profiled without piecewise graphs
+        self._fa2 = Fa2Shape(**e["fa2"]) if e.get("fa2") else None
         self.range = prof["device"]["range"]
         self._warned: set[str] = set()
         self._roofline = None
@@ -210,11 +211,10 @@ class CalibratedCostModel:
             i = int(np.searchsorted(self.sizes, b))
             s = int(self.sizes[i])
             return float(self._g_const[i] + self._g_slope[i] * kv + self._g_imb[i] * graph_imbalance(n, c, s))
-        imb = imbalance(n, c)
         kind = "decode" if tok == b else "prefill"
         if b > self.range["reqs"] or tok > self.range["tokens"] or kv > self.range["kv_tokens"]:
             return self._outside(kind, n, c, b, tok, kv)
-        x = np.array([attn_work(n, c) - tok * (tok + 1) / 2, kv - tok, b - 1, imb], float)
+        x = eager_extras(n, c, self._fa2)
         return float(base_curve(self._bt, self._bs, padded_tokens(self._pieces, [tok]))[0] + self._extra @ x)
 
     def _outside(self, kind, n, c, b, tok, kv) -> float:

@@ -31,7 +31,9 @@ eager device time bends, and there a curve in tokens carries the bend.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -39,7 +41,8 @@ PROFILE_FORMAT = 2
 HOST_FEATURES = {"decode": ("const", "reqs", "kv_tokens"), "prefill": ("const", "reqs", "tokens", "kv_tokens")}
 LAUNCH_FEATURES = {"graph": ("const", "reqs"), "eager": ("const", "reqs", "tokens")}
 COMPLETE_FEATURES = ("const", "reqs")
-EAGER_EXTRA = ("attn_extra", "kv_extra", "reqs_extra", "imbalance")
+EAGER_EXTRA = ("attn_extra", "kv_extra", "reqs_extra", "imbalance", "fa2_tile16", "fa2_tile64", "fa2_tile128")
+FA2_TILES = (16, 64, 128)
 MODEL_FIELDS = ("architecture", "hidden_size", "intermediate_size", "num_layers", "num_q_heads",
                 "num_kv_heads", "head_dim", "vocab_size", "dtype_bytes")
 
@@ -115,11 +118,61 @@ def imbalance(extend, cached) -> float:
     return float(len(ctx) * ctx.max() - ctx.sum())
 
 
-def eager_extras(reqs, tokens, kv_tokens, attn, imb) -> np.ndarray:
-    """What a batch has beyond one fresh prompt of the same tokens (columns of EAGER_EXTRA)."""
-    t = np.asarray(tokens, float)
-    return np.column_stack([np.asarray(attn, float) - t * (t + 1) / 2, np.asarray(kv_tokens, float) - t,
-                            np.asarray(reqs, float) - 1, np.asarray(imb, float)])
+@dataclass(frozen=True)
+class Fa2Shape:
+    """What flashinfer's fa2 batch-prefill plan depends on beyond the batch: query heads per KV
+    head, KV heads (of one TP rank), the GPU's SMs, the page size."""
+    group: int
+    kv_heads: int
+    num_sms: int
+    page_size: int = 1
+
+
+def fa2_plan(extend, cached, fa: Fa2Shape) -> tuple[int, int, int]:
+    """(query tile, KV chunk in tokens, work items) of flashinfer's fa2 batch-prefill plan: the
+    query tile from the mean packed query length (tokens x group: > 64 -> 128, > 16 -> 64,
+    else 16); each request's tiles x KV chunks are the work items, one thread block per item
+    and KV head, and the KV chunk is the smallest that keeps the items within two blocks per
+    SM. Written from flashinfer's documented scheduler behaviour (0.6, scheduler.cuh)."""
+    n = np.asarray(extend, np.int64)
+    kv = np.maximum(-(-(n + np.asarray(cached, np.int64)) // fa.page_size), 1)  # pages
+    packed = n * fa.group
+    avg = int(packed.sum()) // len(n)
+    tile = 128 if avg > 64 else 64 if avg > 16 else 16
+    tiles = -(-packed // tile)
+    limit = max(1, 2 * fa.num_sms // fa.kv_heads)
+    lo, hi = max(128 // fa.page_size, 1), int(kv.max())
+    while lo < hi:  # the smallest chunk whose items fit the limit
+        mid = (lo + hi) // 2
+        if int((tiles * -(-kv // mid)).sum()) > limit:
+            lo = mid + 1
+        else:
+            hi = mid
+    chunk = max(lo, 1)
+    return tile, chunk * fa.page_size, int((tiles * -(-kv // chunk)).sum())
+
+
+def fa2_critical(extend, cached, fa: Fa2Shape) -> np.ndarray:
+    """Per query tile (FA2_TILES), the KV tokens of the plan's longest work item times the
+    thread blocks per SM (items x KV heads / SMs, rounded up): the attention takes about as
+    long as the busiest SM, whose blocks each take their KV chunk at a cost set by the tile."""
+    tile, chunk, items = fa2_plan(extend, cached, fa)
+    waves = -(-items * fa.kv_heads // fa.num_sms)
+    return np.array([chunk * waves if t == tile else 0.0 for t in FA2_TILES], float)
+
+
+def eager_extras(extend, cached, fa: Fa2Shape | None) -> np.ndarray:
+    """What a batch has beyond one fresh prompt of the same tokens (EAGER_EXTRA): attention
+    work, KV tokens read beyond the new ones, requests beyond one, imbalance, and the
+    prefill kernel's longest work item per query tile (a decode-only batch runs the decode
+    kernel: none; fa None: the profile has no fa2 shape)."""
+    n, c = np.asarray(extend, np.int64), np.asarray(cached, np.int64)
+    t = int(n.sum())
+    head = [attn_work(n, c) - t * (t + 1) / 2, float(c.sum()), len(n) - 1.0, imbalance(n, c)]
+    if fa is None or t == len(n):
+        return np.array(head + [0.0] * len(FA2_TILES))
+    crit = fa2_critical(n, c, fa) - fa2_critical([t], [0], fa)
+    return np.concatenate([head, crit])
 
 
 def spread_lengths(length: int, n: int) -> np.ndarray:
@@ -187,7 +240,7 @@ def padded_tokens(piece_sizes, tokens) -> np.ndarray:
     return np.where(t <= sizes[-1], sizes[np.minimum(i, len(sizes) - 1)], t)
 
 
-def fit_eager(samples: list[dict], max_graph: int, piece_sizes=()) -> dict:
+def fit_eager(samples: list[dict], max_graph: int, piece_sizes=(), fa: Fa2Shape | None = None) -> dict:
     eager = [d for d in samples if not (d["kind"] == "decode" and d["reqs"] <= max_graph)]
     base = sorted((float(padded_tokens(piece_sizes, d["tokens"])), d["device_s"]) for d in eager
                   if d["kind"] == "prefill" and d["reqs"] == 1 and d["kv_tokens"] == d["tokens"])
@@ -197,19 +250,17 @@ def fit_eager(samples: list[dict], max_graph: int, piece_sizes=()) -> dict:
     rest = [d for d in eager if not (d["kind"] == "prefill" and d["reqs"] == 1 and d["kv_tokens"] == d["tokens"])]
     coef = np.zeros(len(EAGER_EXTRA))
     if rest:
-        r = {k: np.array([d[k] for d in rest], float) for k in ("reqs", "tokens", "kv_tokens", "device_s")}
-        batches = [sample_batch(d) for d in rest]
-        x = eager_extras(r["reqs"], r["tokens"], r["kv_tokens"], [attn_work(*b) for b in batches],
-                         [imbalance(*b) for b in batches])
+        r = {k: np.array([d[k] for d in rest], float) for k in ("tokens", "device_s")}
+        x = np.array([eager_extras(*sample_batch(d), fa) for d in rest])
         coef = scaled_nnls(x, r["device_s"] - base_curve(bt, bs, padded_tokens(piece_sizes, r["tokens"])))
     return {"base_tokens": bt.tolist(), "base_s": bs.tolist(), "coef_s": dict(zip(EAGER_EXTRA, map(float, coef))),
-            "piece_sizes": [int(x) for x in piece_sizes]}
+            "piece_sizes": [int(x) for x in piece_sizes], "fa2": dataclasses.asdict(fa) if fa else None}
 
 
 def sample_batch(d: dict) -> tuple[list[int], list[int]]:
     """(extend_lens, cached_lens) of a device sample (the profiler's shapes, see device_grid: a
-    mixed step is one fresh chunk and decodes; decode rows uniform, or pattern "spread":
-    spread_lengths of the context around cached + 1)."""
+    mixed step is one chunk, over ``chunk_cached`` tokens, and decodes; decode rows uniform, or
+    pattern "spread": spread_lengths of the context around cached + 1)."""
     mixed = d["kind"] == "mixed"
     rows = d["reqs"] - 1 if mixed else d["reqs"]
     if d.get("pattern", "uniform") == "spread":
@@ -217,7 +268,7 @@ def sample_batch(d: dict) -> tuple[list[int], list[int]]:
     else:
         cac = [d["cached"]] * rows
     if mixed:
-        return [d["extend"]] + [1] * rows, [0] + cac
+        return [d["extend"]] + [1] * rows, [d.get("chunk_cached", 0)] + cac
     return [d["extend"]] * rows, cac
 
 
@@ -264,6 +315,15 @@ def fit_host(rows: list[dict], max_graph: int) -> dict:
 
 
 # ---------------------------------------------------------------------- the profile
+def fa2_shape(spec, engine, num_sms: int) -> Fa2Shape | None:
+    """The fa2 plan's inputs for a deployment, or None where its prefill steps run another
+    kernel (engine.attention other than flashinfer, or the fa3 template) or the SMs are unknown."""
+    if engine.attention != "flashinfer" or engine.prefill_backend != "fa2" or not num_sms:
+        return None
+    kv = max(spec.num_kv_heads // engine.tp, 1)
+    return Fa2Shape(spec.num_q_heads // spec.num_kv_heads, kv, int(num_sms), engine.page_size)
+
+
 def fit_profile(raw: dict, cfg, spec, name: str | None = None) -> dict:
     """The profile dict (calibrated.load_profile reads it back) from run_profile's output."""
     from testbed.sim.costmodel.calibrated import CalibratedCostModel
@@ -275,7 +335,9 @@ def fit_profile(raw: dict, cfg, spec, name: str | None = None) -> dict:
     max_graph = sizes[-1] if sizes else 0
     dev = raw["device_samples"]
     pieces = list(raw.get("piece_sizes", []))
-    device = {"graph": fit_graph(dev, sizes) if sizes else None, "eager": fit_eager(dev, max_graph, pieces),
+    hw = dict(cfg.hardware)
+    fa = fa2_shape(spec, e, raw["machine"].get("gpu_sms") or hw.get("num_sms", 0))
+    device = {"graph": fit_graph(dev, sizes) if sizes else None, "eager": fit_eager(dev, max_graph, pieces, fa),
               "range": {k: int(max(d[k] for d in dev)) for k in ("reqs", "tokens", "kv_tokens")}}
     hrows = raw["host_samples"]
     by_policy = sorted({r["policy"] for r in hrows})
@@ -283,7 +345,6 @@ def fit_profile(raw: dict, cfg, spec, name: str | None = None) -> dict:
     for pol in by_policy:  # a decode step's scheduling cost per policy (hundreds of steps each); the rest pooled
         own = fit_host([r for r in hrows if r["policy"] == pol], max_graph)
         host[pol] = {k: (own[k] if k == "host_decode" else host["all"][k]) for k in host["all"]}
-    hw = dict(cfg.hardware)
     prof = {
         "format": PROFILE_FORMAT,
         "name": name,

@@ -36,7 +36,9 @@ class HardwareSpec:
 
     name: label. mem_bw: memory bandwidth (B/s). flops: dense bf16 matmul FLOP/s.
     mem_bytes: device memory (B). link_bw: GPU-to-GPU interconnect bandwidth per direction
-    per GPU (B/s). link_latency_s: fixed cost of one collective (s).
+    per GPU (B/s). link_latency_s: fixed cost of one collective (s). num_sms: streaming
+    multiprocessors (the calibrated model emulates the attention kernel's work split over
+    them; 0: unknown).
     """
 
     name: str
@@ -45,8 +47,11 @@ class HardwareSpec:
     mem_bytes: float
     link_bw: float
     link_latency_s: float = 1e-5
+    num_sms: int = 0
 
     def __post_init__(self) -> None:
+        if isinstance(self.num_sms, bool) or not isinstance(self.num_sms, int) or self.num_sms < 0:
+            raise ValueError(f"hardware.num_sms={self.num_sms!r} is invalid ({self.name}); allowed: an integer >= 0")
         for f in ("mem_bw", "flops", "mem_bytes", "link_bw", "link_latency_s"):
             v = getattr(self, f)
             try:
