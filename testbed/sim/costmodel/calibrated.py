@@ -66,12 +66,17 @@ class CalibratedConfig:
     tp: the deployment's TP degree (set from engine.tp by the simulator).
     policy: the run's policy (set from policy.name): its own host fit when the profile has
         one, else the fit over all profiled policies.
+    host_scale: the run's host speed against the profile's: every host time (schedule, batch
+        build, launch, complete) is multiplied by it (1.6: a host 1.6x slower). The H200
+        machines measured here ran the same host work 1.5-2x slower on some machine starts, and
+        for stretches of a start, than on others.
     """
 
     profile: str = "h200_qwen3_0_6b"
     check: bool = True
     tp: int = 1
     policy: str = "all"
+    host_scale: float = 1.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.profile, (str, os.PathLike)) or not str(self.profile):
@@ -82,6 +87,10 @@ class CalibratedConfig:
             raise ValueError(f"costmodel.check={self.check!r} is invalid; allowed: true or false")
         if isinstance(self.tp, bool) or not isinstance(self.tp, int) or self.tp < 1:
             raise ValueError(f"costmodel.tp={self.tp!r} is invalid; allowed: an integer >= 1")
+        if isinstance(self.host_scale, bool) or not isinstance(self.host_scale, (int, float)) \
+                or not math.isfinite(self.host_scale) or self.host_scale <= 0:
+            raise ValueError(f"costmodel.host_scale={self.host_scale!r} is invalid; allowed: a number > 0")
+        self.host_scale = float(self.host_scale)
 
 
 def available_profiles() -> list[str]:
@@ -183,7 +192,8 @@ class CalibratedCostModel:
         self.name = prof.get("name") or Path(str(prof["_path"])).stem
         policy = policy or cfg.policy
         self.policy = policy if policy in prof["host"] else "all"
-        self.host = prof["host"][self.policy]
+        k = cfg.host_scale
+        self.host = {part: {f: v * k for f, v in coef.items()} for part, coef in prof["host"][self.policy].items()}
         g = prof["device"]["graph"]
         self.sizes = np.array(g["sizes"] if g else [], np.int64)
         self.max_graph = int(self.sizes[-1]) if len(self.sizes) else 0

@@ -41,8 +41,9 @@ PROFILE_FORMAT = 2
 HOST_FEATURES = {"decode": ("const", "reqs", "kv_tokens"), "prefill": ("const", "reqs", "tokens", "kv_tokens")}
 LAUNCH_FEATURES = {"graph": ("const", "reqs"), "eager": ("const", "reqs", "tokens")}
 COMPLETE_FEATURES = ("const", "reqs")
-EAGER_EXTRA = ("attn_extra", "kv_extra", "reqs_extra", "imbalance", "fa2_tile16", "fa2_tile64", "fa2_tile128")
 FA2_TILES = (16, 64, 128)
+FA2_FEATURES = tuple(f"fa2_tile{t}" for t in FA2_TILES)
+EAGER_EXTRA = ("attn_extra", "kv_extra", "reqs_extra", "imbalance") + FA2_FEATURES
 MODEL_FIELDS = ("architecture", "hidden_size", "intermediate_size", "num_layers", "num_q_heads",
                 "num_kv_heads", "head_dim", "vocab_size", "dtype_bytes")
 
@@ -152,13 +153,22 @@ def fa2_plan(extend, cached, fa: Fa2Shape) -> tuple[int, int, int]:
     return tile, chunk * fa.page_size, int((tiles * -(-kv // chunk)).sum())
 
 
-def fa2_critical(extend, cached, fa: Fa2Shape) -> np.ndarray:
-    """Per query tile (FA2_TILES), the KV tokens of the plan's longest work item times the
-    thread blocks per SM (items x KV heads / SMs, rounded up): the attention takes about as
-    long as the busiest SM, whose blocks each take their KV chunk at a cost set by the tile."""
+def fa2_load(extend, cached, fa: Fa2Shape) -> np.ndarray:
+    """The KV tokens the busiest SM works through under the plan, in the column of the plan's
+    query tile (FA2_FEATURES): its longest work item, twice over when two blocks share an SM
+    (more blocks than SMs), or the KV tokens all blocks attend to spread over the SMs when
+    that is more (causal: a query tile attends to the prefix and the new tokens up to its
+    last row). A KV token costs more the larger the tile (64 query rows compute 4x 16)."""
     tile, chunk, items = fa2_plan(extend, cached, fa)
-    waves = -(-items * fa.kv_heads // fa.num_sms)
-    return np.array([chunk * waves if t == tile else 0.0 for t in FA2_TILES], float)
+    n = np.asarray(extend, np.int64)
+    c = np.asarray(cached, np.int64)
+    rows = max(tile // fa.group, 1)  # new tokens a query tile holds
+    k = -(-n // rows)
+    attended = k * c + rows * k * (k + 1) // 2 - (k * rows - n)
+    spread = float(attended.sum()) * fa.kv_heads / fa.num_sms
+    blocks = items * fa.kv_heads
+    return np.array([max(chunk * min(2, -(-blocks // fa.num_sms)), spread) if t == tile else 0.0
+                     for t in FA2_TILES], float)
 
 
 def eager_extras(extend, cached, fa: Fa2Shape | None) -> np.ndarray:
@@ -170,9 +180,8 @@ def eager_extras(extend, cached, fa: Fa2Shape | None) -> np.ndarray:
     t = int(n.sum())
     head = [attn_work(n, c) - t * (t + 1) / 2, float(c.sum()), len(n) - 1.0, imbalance(n, c)]
     if fa is None or t == len(n):
-        return np.array(head + [0.0] * len(FA2_TILES))
-    crit = fa2_critical(n, c, fa) - fa2_critical([t], [0], fa)
-    return np.concatenate([head, crit])
+        return np.array(head + [0.0] * len(FA2_FEATURES))
+    return np.concatenate([head, fa2_load(n, c, fa) - fa2_load([t], [0], fa)])
 
 
 def spread_lengths(length: int, n: int) -> np.ndarray:
