@@ -43,8 +43,8 @@ MIXED_KV = (512, 2048)
 MIXED_CHUNKS = (64, 256, 1024, 4096)
 # mixed steps as `chunked` builds them (its 512-token budget): a chunk over its request's
 # earlier chunks (or a shared prefix) beside decodes of spread contexts, long ones included
-CHUNKED_DECODES = (4, 16, 64, 192)
-CHUNKED_KV = (512, 2048, 8192)
+CHUNKED_DECODES = (4, 16, 40, 64, 192)
+CHUNKED_KV = (512, 2048, 8192, 16384)
 CHUNKED_CHUNKS = (64, 256, 448)
 CHUNKED_PREFIX = (0, 2048, 12288)
 SPREAD_KV = (512, 2048)

@@ -155,10 +155,12 @@ def fa2_plan(extend, cached, fa: Fa2Shape) -> tuple[int, int, int]:
 
 def fa2_load(extend, cached, fa: Fa2Shape) -> np.ndarray:
     """The KV tokens the busiest SM works through under the plan, in the column of the plan's
-    query tile (FA2_FEATURES): its longest work item, twice over when two blocks share an SM
-    (more blocks than SMs), or the KV tokens all blocks attend to spread over the SMs when
-    that is more (causal: a query tile attends to the prefix and the new tokens up to its
-    last row). A KV token costs more the larger the tile (64 query rows compute 4x 16)."""
+    query tile (FA2_FEATURES). When every block is resident at once (at most two an SM): its
+    longest work item, twice over when two blocks share an SM, or the KV tokens all blocks
+    attend to spread over the SMs when that is more; when the blocks run in waves: that spread
+    plus one longest item (the last wave's tail). Causal: a query tile attends to the prefix
+    and the new tokens up to its last row. A KV token costs more the larger the tile (64
+    query rows compute 4x 16)."""
     tile, chunk, items = fa2_plan(extend, cached, fa)
     n = np.asarray(extend, np.int64)
     c = np.asarray(cached, np.int64)
@@ -167,8 +169,11 @@ def fa2_load(extend, cached, fa: Fa2Shape) -> np.ndarray:
     attended = k * c + rows * k * (k + 1) // 2 - (k * rows - n)
     spread = float(attended.sum()) * fa.kv_heads / fa.num_sms
     blocks = items * fa.kv_heads
-    return np.array([max(chunk * min(2, -(-blocks // fa.num_sms)), spread) if t == tile else 0.0
-                     for t in FA2_TILES], float)
+    if blocks <= 2 * fa.num_sms:  # every block resident at once (two an SM): the longest sets the time
+        load = max(chunk * min(2, -(-blocks // fa.num_sms)), spread)
+    else:  # blocks in waves: the mean an SM takes, plus the tail of one longest item
+        load = spread + chunk
+    return np.array([load if t == tile else 0.0 for t in FA2_TILES], float)
 
 
 def eager_extras(extend, cached, fa: Fa2Shape | None) -> np.ndarray:
