@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from testbed.modelspec import load_model_spec
 from testbed.sim.costmodel import CostModel, StepCost, load_hardware, make_cost_model
@@ -212,3 +213,51 @@ def test_cli_mismatch_is_one_line_error(tmp_path):
     p = run_cli(tmp_path, "costmodel=calibrated", "trace.num_requests=10")  # default model llama3_8b
     assert p.returncode == 2
     assert "error: costmodel.profile='h200_qwen3_0_6b'" in p.stderr and "model.name: profile 'qwen3_0_6b'" in p.stderr
+
+
+# ---------------------------------------------------------------------- engine behaviour the model knows
+def test_eager_steps_pad_to_the_piecewise_graph_sizes():
+    from testbed.sim.costmodel.fit import padded_tokens
+    assert padded_tokens([16, 32, 48], [1, 16, 17, 48, 49]).tolist() == [16, 16, 32, 48, 49]
+    assert padded_tokens([], [5]).tolist() == [5]
+    model = cm()
+    sizes = model.profile["device"]["eager"]["piece_sizes"]
+    assert sizes and 17 not in sizes and 32 in sizes  # the committed profile ran with piecewise graphs
+    # one fresh prompt of 17 tokens runs in the 32-token graph: as long as 32 tokens (attention aside)
+    assert model.device_time([17], [0]) == pytest.approx(model.device_time([32], [0]), rel=0.02)
+    assert model.device_time([33], [0]) > model.device_time([32], [0])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 3000), st.integers(0, 40000)), min_size=1, max_size=80),
+       st.sampled_from([(2, 8), (4, 8), (1, 1), (8, 2)]), st.sampled_from([1, 16]))
+def test_fa2_plan_splits_kv_as_flashinfer_documents(rows, heads, page):
+    from testbed.sim.costmodel.fit import Fa2Shape, fa2_plan
+    n, c = np.array([r[0] for r in rows]), np.array([r[1] for r in rows])
+    fa = Fa2Shape(group=heads[0], kv_heads=heads[1], num_sms=132, page_size=page)
+    tile, chunk, items = fa2_plan(n, c, fa)
+    avg = int((n * fa.group).sum()) // len(n)
+    assert tile == (128 if avg > 64 else 64 if avg > 16 else 16)
+    tiles = -(-(n * fa.group) // tile)
+    kv = np.maximum(-(-(n + c) // page), 1)
+    limit = max(1, 2 * 132 // fa.kv_heads)
+    cpages = chunk // page
+    assert chunk % page == 0 and items == int((tiles * -(-kv // cpages)).sum())
+    if tiles.sum() <= limit:  # splittable: the smallest chunk (at least 128 tokens) that keeps within the limit
+        assert items <= limit
+        smaller = cpages - 1
+        assert cpages == max(128 // page, 1) or int((tiles * -(-kv // smaller)).sum()) > limit
+    else:  # too many query tiles: no split
+        assert cpages >= kv.max()
+
+
+def test_host_scale_multiplies_host_times_only():
+    base, slow = cm(), cm(host_scale=1.5)
+    for shape in (decode(32), ([300, 1, 1], [0, 500, 900])):
+        a, b = base.step_cost(*shape), slow.step_cost(*shape)
+        assert b.device == a.device
+        for part in ("host", "launch", "complete"):
+            assert getattr(b, part) == pytest.approx(1.5 * getattr(a, part))
+    for bad in (0, -1.0, float("nan"), True, "fast"):
+        with pytest.raises(ValueError, match="costmodel.host_scale"):
+            cm(host_scale=bad)
