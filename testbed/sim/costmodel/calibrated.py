@@ -11,8 +11,8 @@ overlap protocol, testbed/sim/executor.py):
   batch 17-64 Llama-3.1-8B's graph decode takes as long as its longest rows). Anything else
   runs eagerly (in the piecewise CUDA graph of the smallest size >= its tokens, when the
   profile was measured with them): ``base(padded tokens)``, the measured curve of one fresh
-  prompt of that many tokens, plus fitted seconds per unit of attention work, KV read, requests and imbalance beyond that
-  prompt's.
+  prompt of that many tokens, plus fitted seconds per unit of attention work, KV read, requests,
+  imbalance and the attention kernel's busiest-SM load (fit.fa2_load) beyond that prompt's.
 * ``host`` (schedule, batch build, upload), ``launch`` (enqueueing; graph or eager) and
   ``complete`` (applying the result): linear in requests, tokens and KV tokens, fitted to the
   host's fast regime on the profiler's host workloads; a decode step's ``host`` per policy.

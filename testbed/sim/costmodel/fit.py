@@ -10,11 +10,14 @@ cost model's profile (testbed/sim/costmodel/calibrated.py says what each part pr
 * Eager steps (a prefill chunk in the batch, or a decode batch beyond the graphs), device:
   ``base(tokens)``, a piecewise-linear curve through the single fresh prompt of each
   profiled token count (tokens padded to the piecewise CUDA graph's size that runs them,
-  ``padded_tokens``: the profiled counts are sizes, so the curve's points are exact) (the linear layers' time is far from linear in the tokens on a GPU:
-  flat while weight-bound, then steeper), plus non-negative coefficients (NNLS) for what a
-  batch has beyond one fresh prompt of the same tokens: attention work
-  ``sum n_i (c_i + (n_i + 1) / 2)`` minus that prompt's, KV tokens read beyond the new ones,
-  requests beyond one, imbalance.
+  ``padded_tokens``: the profiled counts are sizes, so the curve's points are exact), plus
+  non-negative coefficients (NNLS) for what a batch has beyond one fresh prompt of the same
+  tokens: attention work ``sum n_i (c_i + (n_i + 1) / 2)`` minus that prompt's, KV tokens read
+  beyond the new ones, requests beyond one, imbalance, and the attention kernel's busiest-SM
+  load per query tile (``fa2_load``). That last term carries mixed steps: flashinfer's
+  batch-prefill plan gives a decode row beside a chunk a whole query tile of 16-128 rows, and
+  the step takes as long as its busiest SM, not as its total work (``fa2_plan`` emulates the
+  plan from the batch).
 * Host, per step kind (decode-only or not): non-negative linear fits on the batch's
   requests, new tokens and KV tokens of ``host_s`` (schedule, batch build, upload),
   ``launch_s`` (enqueueing; its own fit for graph and eager steps) and ``complete_s``, over
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -134,7 +138,8 @@ def fa2_plan(extend, cached, fa: Fa2Shape) -> tuple[int, int, int]:
     query tile from the mean packed query length (tokens x group: > 64 -> 128, > 16 -> 64,
     else 16); each request's tiles x KV chunks are the work items, one thread block per item
     and KV head, and the KV chunk is the smallest that keeps the items within two blocks per
-    SM. Written from flashinfer's documented scheduler behaviour (0.6, scheduler.cuh)."""
+    SM. The rules as flashinfer 0.6 plans (include/flashinfer/attention/scheduler.cuh, read
+    there; written here)."""
     n = np.asarray(extend, np.int64)
     kv = np.maximum(-(-(n + np.asarray(cached, np.int64)) // fa.page_size), 1)  # pages
     packed = n * fa.group
@@ -143,6 +148,8 @@ def fa2_plan(extend, cached, fa: Fa2Shape) -> tuple[int, int, int]:
     tiles = -(-packed // tile)
     limit = max(1, 2 * fa.num_sms // fa.kv_heads)
     lo, hi = max(128 // fa.page_size, 1), int(kv.max())
+    if int(tiles.sum()) > limit:  # more query tiles than the limit: no chunk fits, none is split
+        lo = max(lo, hi)
     while lo < hi:  # the smallest chunk whose items fit the limit
         mid = (lo + hi) // 2
         if int((tiles * -(-kv // mid)).sum()) > limit:
@@ -179,14 +186,20 @@ def fa2_load(extend, cached, fa: Fa2Shape) -> np.ndarray:
 def eager_extras(extend, cached, fa: Fa2Shape | None) -> np.ndarray:
     """What a batch has beyond one fresh prompt of the same tokens (EAGER_EXTRA): attention
     work, KV tokens read beyond the new ones, requests beyond one, imbalance, and the
-    prefill kernel's longest work item per query tile (a decode-only batch runs the decode
-    kernel: none; fa None: the profile has no fa2 shape)."""
+    prefill kernel's busiest-SM load per query tile (fa2_load; a decode-only batch runs the
+    decode kernel: none; fa None: the profile has no fa2 shape)."""
     n, c = np.asarray(extend, np.int64), np.asarray(cached, np.int64)
     t = int(n.sum())
     head = [attn_work(n, c) - t * (t + 1) / 2, float(c.sum()), len(n) - 1.0, imbalance(n, c)]
     if fa is None or t == len(n):
         return np.array(head + [0.0] * len(FA2_FEATURES))
-    return np.concatenate([head, fa2_load(n, c, fa) - fa2_load([t], [0], fa)])
+    return np.concatenate([head, fa2_load(n, c, fa) - _fresh_load(t, fa)])
+
+
+@functools.lru_cache(maxsize=4096)
+def _fresh_load(tokens: int, fa: Fa2Shape) -> np.ndarray:
+    """fa2_load of one fresh prompt (the base curve's), once per token count."""
+    return fa2_load([tokens], [0], fa)
 
 
 def spread_lengths(length: int, n: int) -> np.ndarray:
