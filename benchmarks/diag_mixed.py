@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -18,7 +17,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def main(argv):
     import numpy as np
-    import torch
 
     from testbed import assemble
     from testbed.config import compose

@@ -4,9 +4,12 @@ Replays a trace through the scheduler on the chosen backend and writes requests.
 steps.parquet and summary.json into Hydra's output directory."""
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -19,6 +22,51 @@ log = logging.getLogger("testbed.run")
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 
 register_schema()
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived (a job scheduler's time limit, `timeout`, `docker stop`): the run stops
+    as on Ctrl-C, writes what is done and exits 143."""
+
+
+class IntegrityError(RuntimeError):
+    """The end-of-run KV check failed (a leaked page); the results were written first."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated
+
+
+@contextlib.contextmanager
+def _sigterm_stops_the_run():
+    """SIGTERM raises Terminated in the main thread while the run steps (signals only reach it)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+@contextlib.contextmanager
+def _signals_wait_for_the_write():
+    """SIGINT / SIGTERM during the write are held until the run's files are written, then acted on."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    old = {sig: signal.signal(sig, lambda signum, frame: held.append(signum)) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+    if signal.SIGTERM in held:
+        raise Terminated
+    if held:
+        raise KeyboardInterrupt
 
 
 def run(cfg: Config, out_dir: str, engine_parts=None, keep_ids: bool | None = None, print_table: bool = True) -> dict:
@@ -52,10 +100,14 @@ def run(cfg: Config, out_dir: str, engine_parts=None, keep_ids: bool | None = No
     driver.progress = progress
     t0 = time.perf_counter()
     complete, error = True, None
+    log.info("running %d requests on %s", len(requests), cfg.backend.name)
     try:
-        driver.run()
+        with _sigterm_stops_the_run():
+            driver.run()
     except KeyboardInterrupt:
         complete, error = False, "interrupted (Ctrl-C)"
+    except Terminated:
+        complete, error = False, "terminated (SIGTERM)"
     except Exception as e:  # keep what is done, then report
         complete, error = False, f"{type(e).__name__}: {e}"
     finally:
@@ -64,11 +116,12 @@ def run(cfg: Config, out_dir: str, engine_parts=None, keep_ids: bool | None = No
         if hasattr(driver, "close"):
             driver.close()
     wall = time.perf_counter() - t0
-    integrity = None
+    integrity = leak = None
     if complete:
         integrity = sched.check_integrity()
-        if integrity["in_use"]:
-            raise AssertionError(f"KV leak after the run: {integrity}")
+        if integrity["in_use"]:  # the results are written first, then the failed check is reported
+            leak = f"KV leak after the run: {integrity}"
+            complete, error = False, f"integrity check failed: {leak}"
     queued = {id(r) for r in sched.waiting}
     arrived = [r for r in requests if r.state.name != "WAITING" or id(r) in queued]  # not-yet-arrived ones are left out
     extra = {
@@ -78,12 +131,17 @@ def run(cfg: Config, out_dir: str, engine_parts=None, keep_ids: bool | None = No
         "kv": {**info, "integrity": integrity},
         "wall_time_s": wall, "steps_per_wall_s": len(driver.steps) / wall if wall else None,
     }
-    summary = write_run(out_dir, arrived, driver.steps, OmegaConf.to_container(OmegaConf.structured(cfg)),
-                        extra, keep_ids, cfg.slo.ttft_ms, cfg.slo.tpot_ms)
+    with _signals_wait_for_the_write():
+        summary = write_run(out_dir, arrived, driver.steps, OmegaConf.to_container(OmegaConf.structured(cfg)),
+                            extra, keep_ids, cfg.slo.ttft_ms, cfg.slo.tpot_ms)
     if print_table:
         print_summary(summary, out_dir)
-    if error and "interrupted" in error:
+    if error and error.startswith("interrupted"):
         raise KeyboardInterrupt
+    if error and error.startswith("terminated"):
+        raise Terminated
+    if leak:
+        raise IntegrityError(f"{leak}; the results are in {out_dir} (summary.json says which check failed)")
     if error:
         raise RuntimeError(f"run stopped early ({error}); the finished requests are in {out_dir}")
     return summary
@@ -130,8 +188,17 @@ def main(dcfg) -> None:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:
-        print(f"interrupted: what was done is in {out_dir} (summary.json says complete: false)", file=sys.stderr)
+        print(f"interrupted: {_what_was_kept(out_dir)}", file=sys.stderr)
         sys.exit(130)
+    except Terminated:
+        print(f"terminated (SIGTERM): {_what_was_kept(out_dir)}", file=sys.stderr)
+        sys.exit(143)
+
+
+def _what_was_kept(out_dir: str) -> str:
+    if (Path(out_dir) / "summary.json").is_file():
+        return f"what was done is in {out_dir} (summary.json says complete: false)"
+    return "before the run started (loading); nothing was written"
 
 
 if __name__ == "__main__":

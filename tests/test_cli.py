@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -140,22 +139,60 @@ def test_unknown_policy_lists_known_ones(tmp_path):
     assert "prefill_first" in p.stderr and "chunked" in p.stderr
 
 
-def test_ctrl_c_keeps_finished_requests(tmp_path):
-    out = tmp_path / "run"
+def _stop_mid_run(out, sig):
+    """A long simulation, sent `sig` once its progress bar shows finished requests (a condition,
+    not a sleep: loading 30k requests takes longer on a loaded machine)."""
+    import re
+    import threading
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "testbed.run", "progress=false", "trace=sharegpt",
+    proc = subprocess.Popen([sys.executable, "-m", "testbed.run", "progress=true", "trace=sharegpt",
                              "trace.num_requests=30000", "trace.rate=20", f"hydra.run.dir={out}"], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while time.time() < deadline and not (out / ".hydra").exists():
-        time.sleep(0.2)
-    time.sleep(6)  # loading 30k requests, then simulating for a while
-    proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 130, stderr[-2000:]
+    err, seen = [], threading.Event()
+
+    def read():
+        buf = ""
+        while ch := proc.stderr.read(1):
+            buf += ch
+            if re.search(r"\b[1-9]\d*/30000\b", buf[-200:]):
+                seen.set()
+        err.append(buf)
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    assert seen.wait(300), "the run showed no finished request"
+    proc.send_signal(sig)
+    proc.stdout.read()
+    proc.wait(timeout=120)
+    t.join(30)
+    return proc.returncode, "".join(err)
+
+
+@pytest.mark.parametrize("sig, code, word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
+def test_a_signal_keeps_finished_requests(tmp_path, sig, code, word):
+    out = tmp_path / "run"
+    rc, stderr = _stop_mid_run(out, sig)
+    assert rc == code, stderr[-2000:]
+    assert stderr.strip().splitlines()[-1].startswith(word)
     s = json.loads((out / "summary.json").read_text())
-    assert s["complete"] is False and "interrupted" in s["error"]
+    assert s["complete"] is False and word in s["error"]
     req = pd.read_parquet(out / "requests.parquet")
     assert 0 < s["metrics"]["completed"] < 30000
     assert (req["state"] == "FINISHED").sum() == s["metrics"]["completed"]
     assert len(pd.read_parquet(out / "steps.parquet")) > 0
+
+
+def test_a_failed_integrity_check_is_reported_after_the_results_are_written(tmp_path, monkeypatch):
+    from testbed.config import compose
+    from testbed.run import IntegrityError, run
+    from testbed.scheduler.scheduler import Scheduler
+    real = Scheduler.check_integrity
+
+    def leaky(self):
+        return {**real(self), "in_use": 3}
+    monkeypatch.setattr(Scheduler, "check_integrity", leaky)
+    out = tmp_path / "run"
+    with pytest.raises(IntegrityError, match="KV leak"):
+        run(compose(["trace=sharegpt", "trace.num_requests=20", "progress=false"]), str(out), print_table=False)
+    s = json.loads((out / "summary.json").read_text())
+    assert s["complete"] is False and "integrity check failed" in s["error"] and s["kv"]["integrity"]["in_use"] == 3
+    assert s["metrics"]["completed"] == 20 and len(pd.read_parquet(out / "requests.parquet")) == 20

@@ -318,7 +318,7 @@ def test_file_with_exact_prompt_ids(tmp_path, suffix):
     assert [r.prompt_ids.tolist() for r in trace.requests] == [ids[i] for i in order]
     assert [r.output_len for r in trace.requests] == [2, 9, 4]
     assert [r.priority for r in trace.requests] == [0, 2, 1]
-    assert arrivals(trace).tolist() == [0.5, 1.0, 2.0]
+    assert arrivals(trace).tolist() == [0.0, 0.5, 1.5]  # shifted: the first arrival at 0
     assert any("sorted by arrival" in n for n in trace.notes)
 
 
@@ -347,11 +347,23 @@ def test_file_prefix_ids_share_blocks(tmp_path, suffix):
     assert not np.array_equal(a[:16], c[:16])
 
 
-def test_file_negative_times_are_shifted(tmp_path):
-    df = pd.DataFrame({"prompt_tokens": [3, 4], "output_tokens": [1, 1], "arrival_s": [-1.0, 2.0]})
+@pytest.mark.parametrize("first", [-1.0, 1.73e9])  # a negative offset, a Unix timestamp
+def test_file_times_are_shifted_to_start_at_zero(tmp_path, first):
+    df = pd.DataFrame({"prompt_tokens": [3, 4], "output_tokens": [1, 1], "arrival_s": [first, first + 3.0]})
     trace = load(name="file", path=str(write(df, tmp_path / "t.csv")), time_scale=2.0)
     assert arrivals(trace).tolist() == [0.0, 6.0]
     assert any("shifted" in n for n in trace.notes)
+
+
+@pytest.mark.parametrize("column", [
+    pd.to_datetime(["2024-05-01 10:00:00.0", "2024-05-02 10:00:00.0", "2024-05-01 10:00:01.5"], format="ISO8601"),
+    pd.to_datetime(["2024-05-01 10:00:00.0", "2024-05-02 10:00:00.0", "2024-05-01 10:00:01.5"], format="ISO8601").tz_localize("UTC"),
+    pd.to_timedelta([0, 86400, 1.5], unit="s"),
+])
+def test_file_parquet_timestamps_and_durations_are_seconds(tmp_path, column):
+    df = pd.DataFrame({"prompt_tokens": [3, 4, 5], "output_tokens": [1, 1, 1], "arrival_s": column})
+    trace = load(name="file", path=str(write(df, tmp_path / "t.parquet")))
+    assert arrivals(trace).tolist() == [0.0, 1.5, 86400.0]  # a day is 86,400 s, not 8.64e10
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -369,7 +381,7 @@ def test_file_every_row_taken_becomes_a_request(tmp_path, rows, take):
     assert len(trace) == len(expected)
     assert lens(trace)[0].tolist() == expected["prompt_tokens"].tolist()
     assert lens(trace)[1].tolist() == expected["output_tokens"].tolist()
-    assert np.allclose(arrivals(trace), expected["arrival_s"] - df["arrival_s"].min() * (df["arrival_s"].min() < 0))
+    assert np.allclose(arrivals(trace), expected["arrival_s"] - df["arrival_s"].min())  # the first arrival at 0
 
 
 def test_azure_seven_digit_fractions(tmp_path):
@@ -485,3 +497,10 @@ def test_bad_user_files(tmp_path):
     pq = tmp_path / "u.parquet"
     pd.DataFrame({"prompt_tokens": [3, 0], "output_tokens": [1, 1]}).to_parquet(pq)
     raises([str(pq), "row 2 (1-based)", "column 'prompt_tokens'"], name="file", path=str(pq))
+
+
+def test_file_jsonl_with_a_byte_order_mark(tmp_path):
+    p = tmp_path / "bom.jsonl"
+    p.write_bytes(b"\xef\xbb\xbf" + b'{"prompt_tokens": 3, "output_tokens": 2}\n{"prompt_tokens": 4, "output_tokens": 1}\n')
+    trace = load(name="file", path=str(p))
+    assert lens(trace)[0].tolist() == [3, 4]

@@ -94,8 +94,8 @@ def assemble(name: str, rows: Rows, k: TraceConfig) -> Trace:
     if rows.arrival_s is not None:
         t = rows.arrival_s[take]
         start = float(rows.arrival_s.min())
-        if start < 0:
-            notes.append(f"earliest arrival is {start:g} s: all arrivals shifted by {-start:g} s to start at 0")
+        if start != 0:  # a Unix timestamp or a negative offset: the run starts at the first arrival
+            notes.append(f"earliest arrival is {start:.9g} s: all arrivals shifted by {-start:+.9g} s to start at 0")
             t = t - start
         arrivals = t * k.time_scale
         notes.append(f"arrivals from the trace: {rows.arrival_what}, times time_scale {k.time_scale:g}")

@@ -43,9 +43,10 @@ def read_csv(p: Path) -> tuple[pd.DataFrame, Source]:
 
 
 def read_jsonl(p: Path) -> tuple[pd.DataFrame, Source]:
-    """One JSON object a line; blank lines are skipped (and not counted as rows)."""
+    """One JSON object a line; blank lines are skipped (and not counted as rows). A byte-order
+    mark at the start is accepted, as in a CSV."""
     records, lines = [], []
-    with open(p, encoding="utf-8") as f:
+    with open(p, encoding="utf-8-sig") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -143,6 +144,18 @@ def int_column(df: pd.DataFrame, src: Source, name: str, minimum: int | None = N
             i = int(np.argmax(low))
             raise src.error(i, name, f"value {values[i]} is below the minimum {minimum}")
     return values, present
+
+
+def seconds_column(df: pd.DataFrame, src: Source, name: str) -> np.ndarray:
+    """Column `name` as float64 seconds: numbers as they are; datetimes as seconds since the
+    earliest (Parquet timestamps, any unit or time zone); durations in seconds."""
+    col = df[name]
+    if pd.api.types.is_datetime64_any_dtype(col.dtype) or pd.api.types.is_timedelta64_dtype(col.dtype):
+        if col.isna().any():
+            raise src.error(int(np.argmax(col.isna().to_numpy())), name, "is empty (NaT)")
+        span = col - col.min() if pd.api.types.is_datetime64_any_dtype(col.dtype) else col
+        return span.dt.total_seconds().to_numpy(dtype=np.float64)
+    return float_column(df, src, name)
 
 
 def float_column(df: pd.DataFrame, src: Source, name: str) -> np.ndarray:

@@ -1,7 +1,8 @@
 """A user's own trace file (CSV, JSONL or Parquet), one request a row.
 
 Columns: output_tokens (required); prompt_ids (a list of ints, used exactly) or
-prompt_tokens (a length), per row; optional arrival_s (seconds; synthesized when absent),
+prompt_tokens (a length), per row; optional arrival_s (seconds, or Parquet timestamps / durations; synthesized when absent;
+shifted so the first arrival is at 0),
 prefix_ids (list of block ids, like Mooncake hash_ids, block_size tokens each; with
 prompt_tokens only), priority (int). In CSV a list is a JSON list string "[1, 2]" or
 space-separated ints "1 2".
@@ -12,7 +13,7 @@ import numpy as np
 
 from .assemble import Rows, assemble
 from .base import Trace, TraceError
-from .columns import find_file, float_column, int_column, int_list, read_table, require
+from .columns import find_file, int_column, int_list, read_table, require, seconds_column
 from .config import TraceConfig
 from .token_ids import block_ids, unique_ids
 
@@ -68,7 +69,7 @@ def load(k: TraceConfig) -> Trace:
             raise src.error(int(i), PREFIX, f"is given together with {PROMPT_IDS}; give one of them")
     has_prefix = np.array([p is not None for p in prefixes], dtype=bool)
 
-    arrival = float_column(df, src, ARRIVAL) if ARRIVAL in df.columns else None
+    arrival = seconds_column(df, src, ARRIVAL) if ARRIVAL in df.columns else None
     priority = int_column(df, src, PRIORITY)[0] if PRIORITY in df.columns else None
 
     notes = []
