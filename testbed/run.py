@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import logging
 import signal
 import sys
@@ -73,12 +74,23 @@ def run(cfg: Config, out_dir: str, engine_parts=None, keep_ids: bool | None = No
     """Run one configuration; returns the summary. Ctrl-C writes what is done, marked incomplete.
     engine_parts: a model already built for this config's engine settings (testbed.engine.build.
     build_parts), shared by several runs. keep_ids: write the engine's output ids (default: on
-    the engine)."""
+    the engine). The run directory is locked while the run runs; one that another run holds or
+    that holds a run already is refused (testbed/timeline/rundir.py)."""
+    from testbed.timeline.rundir import claim_run_dir
+
+    check(cfg)
+    lock = claim_run_dir(out_dir)
+    try:
+        return _run(cfg, out_dir, engine_parts, keep_ids, print_table)
+    finally:
+        lock.close()
+
+
+def _run(cfg: Config, out_dir: str, engine_parts, keep_ids, print_table) -> dict:
     from testbed import assemble
     from testbed.progress import Progress
     from testbed.timeline import write_run
 
-    check(cfg)
     spec = assemble.model_spec(cfg)
     trace = assemble.trace_for(cfg, spec)
     requests = assemble.requests_from(trace, spec, cfg.engine)
@@ -182,17 +194,30 @@ def main(dcfg) -> None:
         cfg: Config = OmegaConf.to_object(dcfg)
         run(cfg, out_dir)
     except (ConfigError, ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        _failed(out_dir, 2, f"error: {e}")
     except RuntimeError as e:  # the run stopped early; what was done is written
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
-    except KeyboardInterrupt:
+        _failed(out_dir, 1, f"error: {e}")
+    except KeyboardInterrupt:  # ends a sweep too
         print(f"interrupted: {_what_was_kept(out_dir)}", file=sys.stderr)
         sys.exit(130)
     except Terminated:
         print(f"terminated (SIGTERM): {_what_was_kept(out_dir)}", file=sys.stderr)
         sys.exit(143)
+
+
+def _failed(out_dir: str, code: int, message: str) -> None:
+    """A failed run exits with `code`; a failed job of a multirun leaves a summary.json saying
+    why (when its directory has none) and lets the sweep go on: the combined table names it
+    and the sweep exits 1 (testbed.sweep.CombineSweep)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    print(message, file=sys.stderr)
+    if HydraConfig.get().mode != RunMode.MULTIRUN:
+        sys.exit(code)
+    summary = Path(out_dir) / "summary.json"
+    if not summary.exists():
+        summary.write_text(json.dumps({"complete": False, "error": message.removeprefix("error: "),
+                                       "exit_code": code, "metrics": {}}, indent=2) + "\n")
 
 
 def _what_was_kept(out_dir: str) -> str:

@@ -25,11 +25,12 @@ log = logging.getLogger(__name__)
 
 
 def combine(sweep_dir: str | Path):
-    """(table, skipped): a row per readable job (job, overrides, complete, metrics) and
-    "job: reason" for each job that was skipped."""
+    """(table, skipped): a row per readable job (job, overrides, complete, error, metrics; a
+    failed or cut-short job has complete False and its error) and "job: reason" for each job
+    that could not be read."""
     from analysis.load import LoadError, load_summaries
     try:
-        return load_summaries(sweep_dir)
+        return load_summaries(sweep_dir, include_partial=True)
     except LoadError as e:
         import pandas as pd
         return pd.DataFrame(), [str(e)]
@@ -54,6 +55,11 @@ class CombineSweep(Callback):
         if len(df):
             path = write_table(df, sweep_dir)
             print(f"combined {len(df)} jobs into {path}" + (f" ({len(skipped)} skipped)" if skipped else ""))
+        failed = df[df["complete"] == False] if len(df) else df  # noqa: E712 (a column of bools and Nones)
+        for _, row in failed.iterrows():
+            print(f"failed job {row['job']}: {row['error']}", file=sys.stderr)
+        if len(failed) or skipped:
+            sys.exit(1)
 
 
 # ---- an objective for optimising sweepers --------------------------------------------------------

@@ -196,3 +196,36 @@ def test_a_failed_integrity_check_is_reported_after_the_results_are_written(tmp_
     s = json.loads((out / "summary.json").read_text())
     assert s["complete"] is False and "integrity check failed" in s["error"] and s["kv"]["integrity"]["in_use"] == 3
     assert s["metrics"]["completed"] == 20 and len(pd.read_parquet(out / "requests.parquet")) == 20
+
+
+def test_a_run_directory_holds_one_run(tmp_path):
+    from testbed.timeline.rundir import claim_run_dir
+    out = tmp_path / "run"
+    ok(cli("trace=sharegpt", "trace.num_requests=20", "progress=false", f"hydra.run.dir={out}"))
+    before = (out / "summary.json").read_bytes()
+    p = cli("trace=sharegpt", "trace.num_requests=30", "progress=false", f"hydra.run.dir={out}")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "already holds a run" in p.stderr.strip().splitlines()[-1]
+    assert (out / "summary.json").read_bytes() == before  # the first run's files untouched
+    busy = tmp_path / "busy"
+    lock = claim_run_dir(busy)  # another run holds it
+    try:
+        p = cli("trace=sharegpt", "trace.num_requests=20", "progress=false", f"hydra.run.dir={busy}")
+        assert p.returncode == 2 and "in use by another run" in p.stderr.strip().splitlines()[-1]
+        assert not (busy / "summary.json").exists()
+    finally:
+        lock.close()
+    ok(cli("trace=sharegpt", "trace.num_requests=20", "progress=false", f"hydra.run.dir={busy}"))  # free again
+
+
+def test_a_failing_job_does_not_end_the_sweep(tmp_path):
+    p = cli("-m", "trace.rate=-1,4,8", "trace=sharegpt", "trace.num_requests=20", f"hydra.sweep.dir={tmp_path}")
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    jobs = {d.name: json.loads((d / "summary.json").read_text()) for d in _sweep_dirs(tmp_path)}
+    assert len(jobs) == 3
+    failed = [n for n, s in jobs.items() if not s["complete"]]
+    assert len(failed) == 1 and "trace.rate=-1" in failed[0] and "rate=-1" in jobs[failed[0]]["error"]
+    assert all(s["complete"] and s["metrics"]["completed"] == 20 for n, s in jobs.items() if n not in failed)
+    sweep = pd.read_parquet(tmp_path / "sweep.parquet")
+    assert len(sweep) == 3 and sweep.loc[sweep["complete"] == False, "job"].tolist() == failed  # noqa: E712
+    assert f"failed job {failed[0]}" in p.stderr

@@ -4,6 +4,7 @@ and CDF plots of TTFT / TPOT / E2E per model and trace."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +32,10 @@ def replay(out: Path, cell) -> dict | None:
     if not runs:
         return None
     first = json.loads((runs[0] / "summary.json").read_text())
-    return run(compose(sim_overrides(cell, first)), str(out / "sim" / cell.name), print_table=False)
+    d = out / "sim" / cell.name
+    if d.is_dir():  # this report's own output of an earlier replay
+        shutil.rmtree(d)
+    return run(compose(sim_overrides(cell, first)), str(d), print_table=False)
 
 
 def evaluate(out: Path, cells) -> dict:
