@@ -369,6 +369,19 @@ def test_wrong_shape_is_named(hf_dir, tmp_path):
     assert victim in msg and str(good) in msg and str((good[0] + 1, *good[1:])) in msg
 
 
+@pytest.mark.parametrize("keep", [0.5, 0.0])  # cut short; empty
+def test_truncated_checkpoint_is_one_error_naming_the_file(hf_dir, tmp_path, keep):
+    from testbed.engine.weights import WeightLoadError
+    dst, f = _copy_single_file(hf_dir, tmp_path)
+    data = f.read_bytes()
+    f.write_bytes(data[: int(len(data) * keep)])
+    model = build_model(dst, torch.float32, "cpu", "torch")
+    with pytest.raises(WeightLoadError) as e:
+        load_weights(model, dst)
+    msg = str(e.value)
+    assert str(f) in msg and "safetensors" in msg and "\n" not in msg
+
+
 def test_unexpected_tensor_is_a_warning(hf_dir, tmp_path):
     dst, f = _copy_single_file(hf_dir, tmp_path)
     tensors = load_file(f)

@@ -405,6 +405,15 @@ def raises(match: list[str], **kw) -> str:
     return msg
 
 
+def test_values_are_shown_as_written(tmp_path):
+    df = pd.DataFrame({"prompt_tokens": [3, 4], "output_tokens": [1.0, 12.5]})
+    msg = raises(["value 12.5 is not an integer"], name="file", path=str(write(df, tmp_path / "t.parquet")))
+    assert "np." not in msg
+    p = tmp_path / "big.csv"
+    p.write_text(f"prompt_tokens,output_tokens\n3,1\n{2**63 + 5},1\n")
+    raises([str(2**63 + 5), "prompt_tokens"], name="file", path=str(p))
+
+
 def test_unknown_name_lists_known_ones():
     raises(["'sharegtp'", "sharegpt", "mooncake_synthetic", "file"], name="sharegtp")
 

@@ -125,8 +125,17 @@ def _check_architecture(model: Any, path: Path) -> None:
         )
 
 
+def _open(f: Path):
+    """safe_open of one checkpoint file; a file that is not a whole safetensors file (cut
+    short, not safetensors) is a WeightLoadError naming it."""
+    from safetensors import SafetensorError, safe_open
+    try:
+        return safe_open(f, framework="pt", device="cpu")
+    except (SafetensorError, OSError) as e:
+        raise WeightLoadError(f"{f}: not a readable safetensors file ({e})") from None
+
+
 def _load_dir(model: Any, path: Path) -> LoadReport:
-    from safetensors import safe_open
 
     if not path.is_dir():
         raise WeightLoadError(f"weights path {path} is not a directory (or 'dummy')")
@@ -139,7 +148,7 @@ def _load_dir(model: Any, path: Path) -> LoadReport:
     # Pass 1, headers only: every tensor present, every shape right, before reading data.
     where: dict[str, Path] = {}
     for f in files:
-        with safe_open(f, framework="pt", device="cpu") as st:
+        with _open(f) as st:
             for name in st.keys():
                 if name not in targets:
                     if name not in ignored and not name.endswith(_SILENTLY_IGNORED_SUFFIXES):
@@ -159,7 +168,7 @@ def _load_dir(model: Any, path: Path) -> LoadReport:
 
     # Pass 2: stream, one tensor (slice) at a time.
     for f in files:
-        with safe_open(f, framework="pt", device="cpu") as st:
+        with _open(f) as st:
             for name in st.keys():
                 if where.get(name) != f:
                     continue

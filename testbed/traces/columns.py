@@ -100,6 +100,8 @@ def require(df: pd.DataFrame, src: Source, names: list[str]) -> None:
 
 
 def _show(value) -> str:
+    if isinstance(value, np.generic):  # 12.5, True: not np.float64(12.5), np.True_
+        value = value.item()
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "an empty value"
     text = repr(value)
@@ -113,6 +115,10 @@ def int_column(df: pd.DataFrame, src: Source, name: str, minimum: int | None = N
     col = df[name]
     n = len(col)
     if pd.api.types.is_integer_dtype(col.dtype) and not col.hasnans:
+        big = (col.abs() >= 2**62).to_numpy(bool) if n else np.zeros(0, bool)  # uint64 would wrap in int64
+        if big.any():
+            i = int(np.argmax(big))
+            raise src.error(i, name, f"{_show(col.iloc[i])} is not an integer below 2**62")
         values = col.to_numpy(dtype=np.int64)
         present = np.ones(n, dtype=bool)
     else:
