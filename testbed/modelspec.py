@@ -37,6 +37,7 @@ __all__ = [
     "load_model_spec",
     "model_spec_from_cfg",
     "resolve_config_path",
+    "check_tp_split",
 ]
 
 #: Architecture name -> defaults that the HF config leaves implicit for it.
@@ -357,3 +358,20 @@ def model_spec_from_cfg(cfg: Any) -> ModelSpec:
             weights=str(get("weights", "real")),
         )
     return load_model_spec(mc.config_path, name=mc.name or None)
+
+
+def check_tp_split(spec: ModelSpec, tp: int) -> None:
+    """The model splits over `tp` ranks (query heads and the MLP evenly; KV heads evenly or
+    replicated), checked before any rank starts: one line naming what does not divide."""
+    bad = []
+    if spec.num_q_heads % tp:
+        bad.append(f"num_attention_heads {spec.num_q_heads}")
+    if spec.intermediate_size % tp:
+        bad.append(f"intermediate_size {spec.intermediate_size}")
+    kv = spec.num_kv_heads
+    if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
+        bad.append(f"num_key_value_heads {kv}")
+    if bad:
+        raise ValueError(f"engine.tp={tp} cannot split {spec.name or spec.architecture} evenly: {', '.join(bad)} "
+                         f"(query heads and the MLP width must be divisible by engine.tp; KV heads divisible by "
+                         f"it or dividing it)")

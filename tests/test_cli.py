@@ -229,3 +229,13 @@ def test_a_failing_job_does_not_end_the_sweep(tmp_path):
     sweep = pd.read_parquet(tmp_path / "sweep.parquet")
     assert len(sweep) == 3 and sweep.loc[sweep["complete"] == False, "job"].tolist() == failed  # noqa: E712
     assert f"failed job {failed[0]}" in p.stderr
+
+
+@pytest.mark.parametrize("backend", ["sim", "engine"])
+def test_a_tp_degree_that_does_not_split_the_model_is_one_line(tmp_path, backend):
+    extra = ["engine.device=cpu", "engine.attention=torch", "model.weights=dummy"] if backend == "engine" else []
+    p = cli(f"backend={backend}", "model=llama3_8b", "engine.tp=3", "trace.num_requests=5", *extra,
+            f"hydra.run.dir={tmp_path}")
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    last = p.stderr.strip().splitlines()[-1]
+    assert "engine.tp=3" in last and "num_attention_heads 32" in last and "costmodel" not in last

@@ -4,6 +4,7 @@ from __future__ import annotations
 import simpy
 
 from testbed.assemble import make_scheduler, sim_kv_pages
+from testbed.modelspec import check_tp_split
 from testbed.sim.costmodel import make_cost_model
 from testbed.sim.costmodel.hardware import load_hardware
 from testbed.sim.driver import SimDriver
@@ -11,6 +12,8 @@ from testbed.sim.executor import SimExecutor
 
 
 def cost_model_for(cfg, spec):
+    if cfg.engine.tp > 1:
+        check_tp_split(spec, cfg.engine.tp)
     hw = load_hardware(dict(cfg.hardware))
     cm_cfg = dict(cfg.costmodel or {"name": "roofline"})
     name = cm_cfg.pop("name", "roofline")

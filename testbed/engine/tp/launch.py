@@ -13,6 +13,7 @@ import time
 import torch
 
 from testbed.assemble import make_scheduler
+from testbed.modelspec import check_tp_split
 from testbed.engine.batch_builder import build_host_batch
 from testbed.engine.build import (EngineParts, create_pool, engine_device, engine_info, kv_slots, load_model_for,
                                   make_executor, make_graphs, make_pieces, warm_up_engine)
@@ -144,6 +145,7 @@ class TPExecutor:
 def build_tp_engine(cfg, spec, requests):
     e = cfg.engine
     world = e.tp
+    check_tp_split(spec, world)
     device = engine_device(cfg, 0)
     if device.type == "cuda":
         if torch.cuda.device_count() < world:
