@@ -128,6 +128,9 @@ def _run(cfg: Config, out_dir: str, engine_parts, keep_ids, print_table) -> dict
         if hasattr(driver, "close"):
             driver.close()
     wall = time.perf_counter() - t0
+    fill = getattr(driver.executor, "fill_predictions", None)
+    if fill is not None:  # the engine's per-step predictions, out of its timed loop
+        fill(driver.steps)
     integrity = leak = None
     if complete:
         integrity = sched.check_integrity()

@@ -107,8 +107,11 @@ class TPExecutor:
         t = time.perf_counter()
         sched = self.local.sched
         hb = build_host_batch(plan, sched.page_table.table, sched.page_size)
-        predicted = self.cost_model.step_cost(plan.extend_lens, plan.cached_lens).device if self.cost_model else None
-        return self.launch_host(hb, sampling_lists(plan, hb), plan, predicted, t)
+        self.local.predictions.note(plan)  # predicted after the run
+        return self.launch_host(hb, sampling_lists(plan, hb), plan, None, t)
+
+    def fill_predictions(self, steps) -> None:
+        self.local.fill_predictions(steps)
 
     def launch_host(self, hb, sampling, plan=None, predicted=None, t_launch=None):
         """Send a prepared step to every rank and run it here (warm-up launches these directly)."""
