@@ -105,6 +105,10 @@ def check(cfg: Config) -> None:
         bad("engine.kernels", e.kernels, ", ".join(KERNELS))
     if e.prefill_backend not in PREFILL_BACKENDS:
         bad("engine.prefill_backend", e.prefill_backend, ", ".join(PREFILL_BACKENDS))
+    for key in ("ttft_ms", "tpot_ms"):
+        v = getattr(cfg.slo, key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or v == float("inf")):
+            bad(f"slo.{key}", v, "null (no SLO) or a number of milliseconds > 0")
     try:
         cfg.policy.validate()
     except ValueError as err:

@@ -111,6 +111,8 @@ def test_file_trace_and_over_context(tmp_path):
     (["engine.kernels=fused"], "engine.kernels='fused' is invalid; allowed: auto, torch, triton"),
     (["engine.prefill_backend=fa4"], "engine.prefill_backend"),
     (["model.config_path=/nope/config.json"], "/nope/config.json"),
+    (["slo.ttft_ms=-5"], "slo.ttft_ms=-5.0 is invalid; allowed: null (no SLO) or a number of milliseconds > 0"),
+    (["slo.tpot_ms=0"], "slo.tpot_ms=0.0 is invalid"),
 ])
 def test_bad_input_is_one_clear_line(tmp_path, args, needle):
     p = cli(*args, f"hydra.run.dir={tmp_path}")
