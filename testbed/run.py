@@ -90,6 +90,7 @@ def _run(cfg: Config, out_dir: str, engine_parts, keep_ids, print_table) -> dict
     from testbed import assemble
     from testbed.progress import Progress
     from testbed.timeline import write_run
+    from testbed.timeline.writer import WriteError
 
     spec = assemble.model_spec(cfg)
     trace = assemble.trace_for(cfg, spec)
@@ -146,11 +147,19 @@ def _run(cfg: Config, out_dir: str, engine_parts, keep_ids, print_table) -> dict
         "kv": {**info, "integrity": integrity},
         "wall_time_s": wall, "steps_per_wall_s": len(driver.steps) / wall if wall else None,
     }
+    unwritten = None
     with _signals_wait_for_the_write():
-        summary = write_run(out_dir, arrived, driver.steps, OmegaConf.to_container(OmegaConf.structured(cfg)),
-                            extra, keep_ids, cfg.slo.ttft_ms, cfg.slo.tpot_ms)
+        try:
+            summary = write_run(out_dir, arrived, driver.steps, OmegaConf.to_container(OmegaConf.structured(cfg)),
+                                extra, keep_ids, cfg.slo.ttft_ms, cfg.slo.tpot_ms)
+        except WriteError as e:  # the metrics are printed all the same
+            summary, unwritten = e.summary, e
     if print_table:
         print_summary(summary, out_dir)
+    if unwritten is not None:
+        if not error:
+            raise unwritten
+        print(f"error: {unwritten}", file=sys.stderr)  # beside the stop that is reported below
     if error and error.startswith("interrupted"):
         raise KeyboardInterrupt
     if error and error.startswith("terminated"):
@@ -186,7 +195,10 @@ def print_summary(summary: dict, out_dir: str) -> None:
         rows.insert(0, ("INCOMPLETE", summary["error"]))
     width = max(len(k) for k, _ in rows)
     print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
-    print(f"{'written':<{width}}  {out_dir}/{{requests.parquet, steps.parquet, summary.json}}")
+    missing = set(summary.get("unwritten_files", []))
+    files = [f for f in ("requests.parquet", "steps.parquet", "summary.json") if f not in missing]
+    print(f"{'written':<{width}}  {out_dir}/{{{', '.join(files)}}}" + (f" (not written: {', '.join(sorted(missing))})"
+                                                                    if missing else ""))
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
@@ -219,8 +231,11 @@ def _failed(out_dir: str, code: int, message: str) -> None:
         sys.exit(code)
     summary = Path(out_dir) / "summary.json"
     if not summary.exists():
-        summary.write_text(json.dumps({"complete": False, "error": message.removeprefix("error: "),
-                                       "exit_code": code, "metrics": {}}, indent=2) + "\n")
+        try:
+            summary.write_text(json.dumps({"complete": False, "error": message.removeprefix("error: "),
+                                           "exit_code": code, "metrics": {}}, indent=2) + "\n")
+        except OSError as e:  # the sweep goes on; its table lists the job as unreadable
+            print(f"error: could not write {summary} ({e.strerror or e})", file=sys.stderr)
 
 
 def _what_was_kept(out_dir: str) -> str:

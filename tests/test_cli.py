@@ -241,3 +241,40 @@ def test_a_tp_degree_that_does_not_split_the_model_is_one_line(tmp_path, backend
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
     last = p.stderr.strip().splitlines()[-1]
     assert "engine.tp=3" in last and "num_attention_heads 32" in last and "costmodel" not in last
+
+
+@pytest.mark.parametrize("victim", ["steps.parquet", "summary.json"])
+def test_a_full_disk_loses_only_the_file_it_could_not_write(tmp_path, monkeypatch, capsys, victim):
+    import errno
+
+    import pyarrow.parquet as pq_mod
+
+    from testbed.config import compose
+    from testbed.run import run
+    from testbed.timeline.writer import WriteError
+    real_write, real_text = pq_mod.write_table, Path.write_text
+
+    def full(path):
+        if Path(path).name.startswith(victim):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    def write_table(table, where, **kw):
+        full(where)
+        return real_write(table, where, **kw)
+
+    def write_text(self, *a, **kw):
+        full(self)
+        return real_text(self, *a, **kw)
+    monkeypatch.setattr(pq_mod, "write_table", write_table)
+    monkeypatch.setattr(Path, "write_text", write_text)
+    out = tmp_path / "run"
+    with pytest.raises(WriteError) as e:
+        run(compose(["trace=sharegpt", "trace.num_requests=20", "progress=false"]), str(out))
+    assert f"could not write {victim} (No space left on device)" in str(e.value) and "\n" not in str(e.value)
+    printed = capsys.readouterr().out
+    assert "TTFT ms" in printed and f"not written: {victim}" in printed  # the metrics printed anyway
+    written = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))
+    assert victim not in written and not any(n.endswith(".tmp") for n in written)
+    assert len(pd.read_parquet(out / "requests.parquet")) == 20
+    if victim != "summary.json":
+        assert json.loads((out / "summary.json").read_text())["unwritten_files"] == [victim]

@@ -45,12 +45,6 @@ def requests_table(reqs, keep_output_ids: bool) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=REQUESTS_SCHEMA)
 
 
-def _write_parquet(table: pa.Table, path: Path) -> None:
-    tmp = path.with_suffix(".parquet.tmp")
-    pq.write_table(table, tmp, compression="zstd")
-    os.replace(tmp, path)
-
-
 def git_revision() -> str | None:
     root = Path(__file__).resolve().parents[2]
     try:
@@ -72,18 +66,43 @@ def versions() -> dict:
     return out
 
 
+class WriteError(RuntimeError):
+    """Some of a run's files could not be written (a full disk, a read-only directory); the
+    others were, and the summary dict still has every metric."""
+
+
 def write_run(out_dir: str | os.PathLike, reqs, steps: StepLog, config: dict, extra: dict,
               keep_output_ids: bool, slo_ttft_ms=None, slo_tpot_ms=None) -> dict:
-    """Write the three files; returns the summary dict."""
+    """Write the three files; returns the summary dict. A file that cannot be written is left
+    out (no partial file: each is written to a temporary name and renamed) and the others are
+    still written; then WriteError names it and why, with the summary dict as `.summary`."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rt = requests_table(reqs, keep_output_ids)
     st = steps.table()
-    _write_parquet(rt, out / "requests.parquet")
-    _write_parquet(st, out / "steps.parquet")
+    failed = []
+
+    def attempt(name, write):
+        tmp = out / f"{name}.tmp"
+        try:
+            write(tmp)
+            os.replace(tmp, out / name)
+        except OSError as e:
+            failed.append(f"{name} ({e.strerror or e})")
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
+    attempt("requests.parquet", lambda t: pq.write_table(rt, t, compression="zstd"))
+    attempt("steps.parquet", lambda t: pq.write_table(st, t, compression="zstd"))
     metrics = summarize(rt.to_pandas(), st.to_pandas(), slo_ttft_ms, slo_tpot_ms)
     summary = {"metrics": metrics, **extra, "config": config, "versions": versions(), "git_revision": git_revision()}
-    tmp = out / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2, default=str))
-    os.replace(tmp, out / "summary.json")
+    if failed:  # the summary says which of its files are missing
+        summary["unwritten_files"] = [f.split(" ")[0] for f in failed]
+    attempt("summary.json", lambda t: t.write_text(json.dumps(summary, indent=2, default=str)))
+    if failed:
+        summary["unwritten_files"] = [f.split(" ")[0] for f in failed]
+        err = WriteError(f"could not write {'; '.join(failed)} in {out}")
+        err.summary = summary
+        raise err
     return summary
