@@ -9,9 +9,8 @@ from __future__ import annotations
 import json
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from diag_cell import pop_out
 
 # (extend_lens, cached_lens): a chunk beside decodes, a long chunk beside many decodes, one
 # fresh prompt, four chunks over cached prefixes, decode beyond the graphs
@@ -29,10 +28,7 @@ def main(argv):
     from testbed.engine.executor import EngineExecutor
     from testbed.engine.synthetic_batch import greedy_sampling, synthetic_host_batch
 
-    out = None
-    if "--out" in argv:
-        i = argv.index("--out")
-        out, argv = Path(argv[i + 1]), argv[:i] + argv[i + 2:]
+    out, argv = pop_out(argv)
     cfg = compose(["backend=engine", "engine.piecewise_graphs=false"] + argv)
     spec = assemble.model_spec(cfg)
     parts = build_parts(cfg, spec)

@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from diag_cell import cell_engine, pop_out
 
 BINS = [(1, 4), (5, 16), (17, 64), (65, 256)]
 
@@ -31,23 +31,12 @@ def medians(rows: list[dict]) -> dict:
 
 
 def main(argv):
-    from testbed import assemble
     from testbed.config import compose
-    from testbed.engine.build import build_parts
     from testbed.engine.profiler import run_host_workloads
-    from testbed.fidelity.cells import read_plan
     from testbed.run import run
 
-    out = None
-    if "--out" in argv:
-        i = argv.index("--out")
-        out, argv = Path(argv[i + 1]), argv[:i] + argv[i + 2:]
-    name = dict(a.split("=", 1) for a in argv).get("cell", "qwen3_0_6b-chunked-sharegpt-light")
-    cell = next(c for c in read_plan(Path(__file__).resolve().parents[1] / "benchmarks/results/fidelity/plan.json")
-                if c.name == name)
-    cfg = compose(cell.overrides + ["backend=engine"])
-    spec = assemble.model_spec(cfg)
-    parts = build_parts(cfg, spec)
+    out, argv = pop_out(argv)
+    cell, cfg, spec, parts = cell_engine(argv, "qwen3_0_6b-chunked-sharegpt-light")
     res = {}
 
     def workload(tag):

@@ -1,6 +1,6 @@
 """Why do a serving run's mixed steps take longer than the profile predicts? Runs a fidelity cell
-on the engine recording every step's batch (extend and cached lengths, how scattered its KV
-slots are) and measured time, then re-times a sample of its mixed steps as the profiler does
+on the engine, keeping every step's batch (extend and cached lengths) and measured time, then
+re-times a sample of its mixed steps as the profiler does
 (synthetic batch of the same shape, contiguous KV, device held busy until enqueued). Writes
 one row per re-timed step.
 
@@ -10,43 +10,26 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from diag_cell import cell_engine, pop_out
 
 
 def main(argv):
     import numpy as np
 
     from testbed import assemble
-    from testbed.config import compose
-    from testbed.engine.build import build_engine, build_parts
+    from testbed.engine.build import build_engine
     from testbed.engine.executor import EngineExecutor
     from testbed.engine.profiler import _sleep_cycles_per_s, time_shape
-    from testbed.fidelity.cells import read_plan
 
-    out = None
-    if "--out" in argv:
-        i = argv.index("--out")
-        out, argv = Path(argv[i + 1]), argv[:i] + argv[i + 2:]
-    name = dict(a.split("=", 1) for a in argv).get("cell", "qwen3_0_6b-chunked-sharegpt-high")
-    cell = next(c for c in read_plan(Path(__file__).resolve().parents[1] / "benchmarks/results/fidelity/plan.json")
-                if c.name == name)
-    cfg = compose(cell.overrides + ["backend=engine"])
-    spec = assemble.model_spec(cfg)
-    parts = build_parts(cfg, spec)
+    out, argv = pop_out(argv)
+    cell, cfg, spec, parts = cell_engine(argv, "qwen3_0_6b-chunked-sharegpt-high")
+    name = cell.name
     trace = assemble.trace_for(cfg, spec)
     requests = assemble.requests_from(trace, spec, cfg.engine)
     driver, sched, _ = build_engine(cfg, spec, requests, parts)
-    ex = driver.executor
-    shapes = []
-    launch = ex.launch
-
-    def recording_launch(plan):  # the batch as the engine runs it, and its slots' layout
-        h = launch(plan)
-        shapes.append((plan.extend_lens.copy(), plan.cached_lens.copy()))
-        return h
-    ex.launch = recording_launch
+    # every launched step's batch, as the executor keeps it for its after-the-run predictions
+    shapes = driver.executor.predictions.shapes
     import gc
     gc.collect()
     gc.freeze()

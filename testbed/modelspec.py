@@ -38,6 +38,7 @@ __all__ = [
     "model_spec_from_cfg",
     "resolve_config_path",
     "check_tp_split",
+    "tp_split_problems",
 ]
 
 #: Architecture name -> defaults that the HF config leaves implicit for it.
@@ -360,9 +361,9 @@ def model_spec_from_cfg(cfg: Any) -> ModelSpec:
     return load_model_spec(mc.config_path, name=mc.name or None)
 
 
-def check_tp_split(spec: ModelSpec, tp: int) -> None:
-    """The model splits over `tp` ranks (query heads and the MLP evenly; KV heads evenly or
-    replicated), checked before any rank starts: one line naming what does not divide."""
+def tp_split_problems(spec: ModelSpec, tp: int) -> list[str]:
+    """What keeps `tp` ranks from splitting the model: query heads and the MLP split evenly;
+    KV heads split evenly, or are replicated when they divide tp. Empty when it splits."""
     bad = []
     if spec.num_q_heads % tp:
         bad.append(f"num_attention_heads {spec.num_q_heads}")
@@ -371,6 +372,13 @@ def check_tp_split(spec: ModelSpec, tp: int) -> None:
     kv = spec.num_kv_heads
     if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
         bad.append(f"num_key_value_heads {kv}")
+    return bad
+
+
+def check_tp_split(spec: ModelSpec, tp: int) -> None:
+    """engine.tp splits the model, checked before any rank starts: one line naming what does
+    not divide."""
+    bad = tp_split_problems(spec, tp)
     if bad:
         raise ValueError(f"engine.tp={tp} cannot split {spec.name or spec.architecture} evenly: {', '.join(bad)} "
                          f"(query heads and the MLP width must be divisible by engine.tp; KV heads divisible by "

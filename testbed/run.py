@@ -39,31 +39,29 @@ def _raise_terminated(signum, frame):
 
 
 @contextlib.contextmanager
-def _sigterm_stops_the_run():
-    """SIGTERM raises Terminated in the main thread while the run steps (signals only reach it)."""
+def _signal_handlers(handlers: dict):
+    """`handlers` ({signal: handler}) while the block runs, the old ones after; only in the main
+    thread (the only one signals reach, and the only one that may set handlers)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = signal.signal(signal.SIGTERM, _raise_terminated)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
-
-
-@contextlib.contextmanager
-def _signals_wait_for_the_write():
-    """SIGINT / SIGTERM during the write are held until the run's files are written, then acted on."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    held: list[int] = []
-    old = {sig: signal.signal(sig, lambda signum, frame: held.append(signum)) for sig in (signal.SIGINT, signal.SIGTERM)}
+    old = {sig: signal.signal(sig, h) for sig, h in handlers.items()}
     try:
         yield
     finally:
         for sig, h in old.items():
             signal.signal(sig, h)
+
+
+@contextlib.contextmanager
+def _signals_wait_for_the_write():
+    """SIGINT / SIGTERM during the write are held until the run's files are written, then acted on."""
+    held: list[int] = []
+
+    def hold(signum, frame):
+        held.append(signum)
+    with _signal_handlers({signal.SIGINT: hold, signal.SIGTERM: hold}):
+        yield
     if signal.SIGTERM in held:
         raise Terminated
     if held:
@@ -113,14 +111,15 @@ def _run(cfg: Config, out_dir: str, engine_parts, keep_ids, print_table) -> dict
     driver.progress = progress
     t0 = time.perf_counter()
     complete, error = True, None
+    stop = None  # the signal's exception, raised again once what was done is written
     log.info("running %d requests on %s", len(requests), cfg.backend.name)
     try:
-        with _sigterm_stops_the_run():
+        with _signal_handlers({signal.SIGTERM: _raise_terminated}):  # SIGTERM stops the run as Ctrl-C does
             driver.run()
     except KeyboardInterrupt:
-        complete, error = False, "interrupted (Ctrl-C)"
+        complete, error, stop = False, "interrupted (Ctrl-C)", KeyboardInterrupt
     except Terminated:
-        complete, error = False, "terminated (SIGTERM)"
+        complete, error, stop = False, "terminated (SIGTERM)", Terminated
     except Exception as e:  # keep what is done, then report
         complete, error = False, f"{type(e).__name__}: {e}"
     finally:
@@ -160,10 +159,8 @@ def _run(cfg: Config, out_dir: str, engine_parts, keep_ids, print_table) -> dict
         if not error:
             raise unwritten
         print(f"error: {unwritten}", file=sys.stderr)  # beside the stop that is reported below
-    if error and error.startswith("interrupted"):
-        raise KeyboardInterrupt
-    if error and error.startswith("terminated"):
-        raise Terminated
+    if stop is not None:
+        raise stop
     if leak:
         raise IntegrityError(f"{leak}; the results are in {out_dir} (summary.json says which check failed)")
     if error:

@@ -100,7 +100,7 @@ def device_grid(max_tokens: int, max_running: int, graph_sizes: list[int], max_k
         d = min(d, max_running - 1)
         for L in MIXED_KV[:1] if quick else MIXED_KV:
             for n in MIXED_CHUNKS[:2] if quick else MIXED_CHUNKS:
-                if d > 0 and n + d <= max_tokens + d and 2 * d * L + n <= max_kv:
+                if d > 0 and n <= max_tokens and 2 * d * L + n <= max_kv:
                     shapes.append(Shape("mixed", [n] + [1] * d, [0] + [L - 1] * d, "uniform", L - 1))
                     if d > 1:
                         shapes.append(Shape("mixed", [n] + [1] * d, [0] + (spread_lengths(L, d) - 1).tolist(), "spread",
@@ -110,7 +110,7 @@ def device_grid(max_tokens: int, max_running: int, graph_sizes: list[int], max_k
             for L in CHUNKED_KV:
                 for n in CHUNKED_CHUNKS:
                     for pre in CHUNKED_PREFIX:
-                        if d < max_running and n + d <= max_tokens + d and 2 * d * L + n + pre <= max_kv:
+                        if d < max_running and n <= max_tokens and 2 * d * L + n + pre <= max_kv:
                             shapes.append(Shape("mixed", [n] + [1] * d, [pre] + (spread_lengths(L, d) - 1).tolist(),
                                                 "spread", L - 1))
     return shapes

@@ -80,7 +80,7 @@ def write_run(out_dir: str | os.PathLike, reqs, steps: StepLog, config: dict, ex
     out.mkdir(parents=True, exist_ok=True)
     rt = requests_table(reqs, keep_output_ids)
     st = steps.table()
-    failed = []
+    failed: dict[str, str] = {}  # file -> why it could not be written
 
     def attempt(name, write):
         tmp = out / f"{name}.tmp"
@@ -88,7 +88,7 @@ def write_run(out_dir: str | os.PathLike, reqs, steps: StepLog, config: dict, ex
             write(tmp)
             os.replace(tmp, out / name)
         except OSError as e:
-            failed.append(f"{name} ({e.strerror or e})")
+            failed[name] = str(e.strerror or e)
             try:
                 tmp.unlink(missing_ok=True)
             except OSError:
@@ -98,11 +98,11 @@ def write_run(out_dir: str | os.PathLike, reqs, steps: StepLog, config: dict, ex
     metrics = summarize(rt.to_pandas(), st.to_pandas(), slo_ttft_ms, slo_tpot_ms)
     summary = {"metrics": metrics, **extra, "config": config, "versions": versions(), "git_revision": git_revision()}
     if failed:  # the summary says which of its files are missing
-        summary["unwritten_files"] = [f.split(" ")[0] for f in failed]
+        summary["unwritten_files"] = list(failed)
     attempt("summary.json", lambda t: t.write_text(json.dumps(summary, indent=2, default=str)))
     if failed:
-        summary["unwritten_files"] = [f.split(" ")[0] for f in failed]
-        err = WriteError(f"could not write {'; '.join(failed)} in {out}")
+        summary["unwritten_files"] = list(failed)  # the summary.json itself too, when that failed
+        err = WriteError(f"could not write {'; '.join(f'{n} ({why})' for n, why in failed.items())} in {out}")
         err.summary = summary
         raise err
     return summary

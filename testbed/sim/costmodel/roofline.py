@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from testbed.modelspec import ModelSpec
+from testbed.modelspec import ModelSpec, tp_split_problems
 from testbed.sim.costmodel.base import StepCost, as_batch, register_cost_model
 from testbed.sim.costmodel.hardware import HardwareSpec
 
@@ -108,15 +108,7 @@ class RooflineConfig:
 
 def allowed_tp(spec: ModelSpec, limit: int = 64) -> list[int]:
     """TP degrees up to ``limit`` that split the model's heads and MLP evenly."""
-    out = []
-    for t in range(1, limit + 1):
-        if spec.num_q_heads % t or spec.intermediate_size % t:
-            continue
-        kv = spec.num_kv_heads
-        if (kv >= t and kv % t) or (kv < t and t % kv):
-            continue
-        out.append(t)
-    return out
+    return [t for t in range(1, limit + 1) if not tp_split_problems(spec, t)]
 
 
 class RooflineCostModel:
