@@ -135,6 +135,29 @@ def test_fidelity_engine_report_and_check_on_the_cpu(cpu_profile, tmp_path):
     assert p.returncode == 1 and "smol-chunked-synthetic-light mean_ttft_ms" in p.stdout
 
 
+def test_host_ratio_is_measured_host_time_over_the_profiles_fit(tmp_path):
+    """The report's host-speed column: 1.0 for steps that took what the profile predicts."""
+    import pandas as pd
+
+    from testbed.fidelity.report import host_ratio
+    from testbed.modelspec import load_model_spec, resolve_config_path
+    from testbed.sim.costmodel.calibrated import CalibratedCostModel
+    from testbed.sim.costmodel.hardware import load_hardware
+    spec = load_model_spec(str(resolve_config_path("hf/qwen3_0_6b.json")), name="qwen3_0_6b")
+    cost = CalibratedCostModel(spec, load_hardware("h200"), profile="h200_qwen3_0_6b", policy="chunked")
+    steps = pd.DataFrame({"batch_reqs": [1, 8, 3, 40], "prefill_tokens": [300, 0, 512, 0],
+                          "decode_tokens": [0, 8, 2, 40], "context_tokens": [300, 4000, 900, 30000]})
+    p = cost.host_parts_arrays(steps["batch_reqs"], steps["prefill_tokens"] + steps["decode_tokens"],
+                               steps["context_tokens"])
+    for speed in (1.0, 1.7):
+        steps["host_s"], steps["launch_s"] = speed * p["host_s"], speed * p["launch_s"]
+        f = tmp_path / f"steps{speed}.parquet"
+        steps.to_parquet(f)
+        assert host_ratio(f, cost) == pytest.approx(speed)
+    steps.iloc[:0].to_parquet(tmp_path / "empty.parquet")
+    assert host_ratio(tmp_path / "empty.parquet", cost) is None
+
+
 def test_fidelity_engine_without_a_gpu_is_one_line_error(tmp_path):
     pytest.importorskip("torch")
     import torch
