@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from testbed.fidelity.batches import device_error_table, step_device_errors
 from testbed.fidelity.compare import HEADLINE, METRICS, cell_errors, label, step_table
 
 
@@ -88,7 +89,7 @@ def median_table(res: dict) -> str:
     return "\n".join(rows)
 
 
-def markdown(res: dict, out: Path, profile_info: dict) -> str:
+def markdown(res: dict, out: Path, profile_info: dict, device: dict) -> str:
     lines = ["# Simulator fidelity against the engine", "",
              "Each cell ran twice on the engine (one H200, dummy weights) and once in the simulator "
              "(`costmodel=calibrated`, the profile below). Errors are the simulator's relative to the mean of the "
@@ -123,6 +124,13 @@ def markdown(res: dict, out: Path, profile_info: dict) -> str:
         row += [f"{pct(e[k]['error'])} ({pct(e[k]['spread'])})" if k in e else "-" for k in HEADLINE]
         row.append(" / ".join("-" if v is None else f"{v:.2f}" for v in c.get("host_ratio", [])))
         lines.append("| " + " | ".join(row) + " |")
+    lines += ["", "## Per-step device time: the cost model against the engine's steps", "",
+              "Every engine step's batch is rebuilt from the run's requests.parquet and steps.parquet "
+              "(testbed/fidelity/batches.py) and priced by the profile's device model; the ratio is predicted over "
+              "measured (CUDA events) device time: the median step, and the sum of predicted over the sum of measured "
+              "time. An eager step's measured time includes the device waiting for its kernels to be enqueued.", ""]
+    for model, rows in device.items():
+        lines += [f"**{model}** (every cell, both runs)", "", md_table(pd.DataFrame(rows)), ""]
     lines += ["", "## Every metric: engine mean, simulator, error", ""]
     for name, c in res.items():
         if "errors" not in c:
@@ -140,6 +148,9 @@ def markdown(res: dict, out: Path, profile_info: dict) -> str:
         if st is not None:
             lines.append("\nMean step by kind (ms): interval = the time the step adds to the timeline\n")
             lines.append(md_table(pd.DataFrame(st)))
+        if c.get("device_steps"):
+            lines.append("\nDevice time per step, predicted / measured (both engine runs)\n")
+            lines.append(md_table(pd.DataFrame(c["device_steps"])))
         lines.append("\n</details>\n")
     return "\n".join(lines) + "\n"
 
@@ -198,9 +209,19 @@ def write_report(out: Path, cells) -> dict:
             c["steps"] = st.to_dict(orient="records")
             cost = cell_cost_model(runs[0], next(x for x in cells if x.name == name))
             c["host_ratio"] = [host_ratio(p / "steps.parquet", cost) for p in runs]
+            errs = pd.concat([step_device_errors(pd.read_parquet(p / "requests.parquet"),
+                                                 pd.read_parquet(p / "steps.parquet"), cost) for p in runs])
+            c["device_errors"] = errs.assign(model=c["cell"]["model"])  # for the all-cells table; not in the json
+            c["device_steps"] = device_error_table(errs).to_dict(orient="records")
     prof = profile_info(out, cells)
-    (out / "fidelity.json").write_text(json.dumps({"profiles": prof, "cells": res}, indent=1, default=str) + "\n")
-    (out / "report.md").write_text(markdown(res, out, prof))
+    per_model = {}
+    for c in res.values():
+        if "device_errors" in c:
+            per_model.setdefault(c["cell"]["model"], []).append(c.pop("device_errors"))
+    device = {m: device_error_table(pd.concat(v)).to_dict(orient="records") for m, v in per_model.items()}
+    (out / "fidelity.json").write_text(json.dumps({"profiles": prof, "cells": res, "device_steps": device}, indent=1,
+                                                  default=str) + "\n")
+    (out / "report.md").write_text(markdown(res, out, prof, device))
     cdf_plots(res, out)
     return res
 

@@ -1,0 +1,54 @@
+"""Rebuilding every step's batch from a run's Parquet files (testbed/fidelity/batches.py): on a
+simulated run, the rebuilt batches priced by the cost model give back each step's own
+predicted_s (the simulator prices the true batch), preemption included."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from testbed import assemble
+from testbed.config import compose
+from testbed.fidelity.batches import device_error_table, step_batches, step_device_errors
+from testbed.run import run
+from testbed.sim.build import cost_model_for
+
+
+def simulate(tmp_path, extra):
+    ov = ["model=qwen3_0_6b", "costmodel=calibrated", "costmodel.profile=h200_qwen3_0_6b", "progress=false",
+          "trace=sharegpt", "trace.num_requests=120", "trace.rate=30", *extra]
+    cfg = compose(ov)
+    run(cfg, str(tmp_path / "run"), print_table=False)
+    r = pd.read_parquet(tmp_path / "run/requests.parquet")
+    s = pd.read_parquet(tmp_path / "run/steps.parquet")
+    return r, s, cost_model_for(cfg, assemble.model_spec(cfg))[0]
+
+
+@pytest.mark.parametrize("policy", ["chunked", "prefill_first", "decode_first"])
+def test_rebuilt_batches_price_as_the_simulator_priced_them(tmp_path, policy):
+    r, s, cost = simulate(tmp_path, [f"policy={policy}"])
+    batches = step_batches(r, s)
+    assert len(batches) == len(s) and all(b is not None for b in batches)
+    pred = np.array([cost.device_time(*b) for b in batches])
+    assert np.allclose(pred, s["predicted_s"], rtol=1e-12, atol=0)
+    kinds = set(step_device_errors(r, s, cost)["kind"])
+    assert "decode_graph" in kinds and ({"mixed"} if policy == "chunked" else {"prefill"}) <= kinds
+
+
+def test_steps_of_preempted_requests_are_left_out(tmp_path):
+    r, s, cost = simulate(tmp_path, ["policy=chunked", "policy.reserve=estimate", "engine.num_pages=3000", "trace.rate=200"])
+    assert r["preemptions"].sum() > 0
+    batches = step_batches(r, s)
+    known = [i for i, b in enumerate(batches) if b is not None]
+    assert 0 < len(known) < len(s)
+    pred = np.array([cost.device_time(*batches[i]) for i in known])
+    assert np.allclose(pred, s["predicted_s"].to_numpy()[known], rtol=1e-12, atol=0)
+    t = device_error_table(step_device_errors(r, s, cost))
+    assert t["steps"].sum() == len(known) and (t["median_ratio"] > 0).all()
+
+
+def test_a_token_time_no_step_ends_at_is_one_line_error(tmp_path):
+    r, s, _ = simulate(tmp_path, ["policy=chunked"])
+    s = s.assign(end_s=s["end_s"] + 1e-3)
+    with pytest.raises(ValueError, match=r"request \d+: time .* is no step's start or end"):
+        step_batches(r, s)
