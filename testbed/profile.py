@@ -12,7 +12,9 @@ hardware) plus the profiler's own:
   refit=PATH      no measuring: fit a profile's stored samples again with the current fit
                   (after a change to testbed/sim/costmodel/fit.py); writes out= or PATH
   host_from=A,B   with refit: add the host workloads of these profiles (other machine starts of
-                  the same deployment) to the host fit; the device grid stays PATH's
+                  the same deployment) to the host fit
+  device_from=A,B with refit: pool the device grids of these profiles with PATH's (per shape,
+                  the median over the starts that measured it)
 
 What is measured and how it is fitted: testbed/engine/profiler.py and
 testbed/sim/costmodel/calibrated.py. A model's profile costs a few minutes on a GPU."""
@@ -23,7 +25,7 @@ import sys
 from pathlib import Path
 
 OWN = {"out": None, "repeats": "5", "policies": None, "quick": "false", "host_requests": None, "refit": None,
-       "host_from": None}
+       "host_from": None, "device_from": None}
 
 
 def parse(argv: list[str]) -> tuple[dict, list[str]]:
@@ -44,7 +46,8 @@ def main(argv=None) -> int:
         overrides.append("backend=engine")
     if own["refit"]:
         extra = [Path(p) for p in own["host_from"].split(",")] if own["host_from"] else []
-        return refit(Path(own["refit"]), Path(own["out"]) if own["out"] else None, extra)
+        dev = [Path(p) for p in own["device_from"].split(",")] if own["device_from"] else []
+        return refit(Path(own["refit"]), Path(own["out"]) if own["out"] else None, extra, dev)
     try:
         from testbed import assemble
         from testbed.config import compose
@@ -72,13 +75,14 @@ def main(argv=None) -> int:
     return 0
 
 
-def refit(path: Path, out: Path | None, host_from: list[Path] = ()) -> int:
+def refit(path: Path, out: Path | None, host_from: list[Path] = (), device_from: list[Path] = ()) -> int:
     """Fit a stored profile's samples again, with the deployment it records; host_from: more
-    profiles of the same deployment whose host workloads join the host fit."""
+    profiles of the same deployment whose host workloads join the host fit; device_from: more
+    whose device grids are pooled with this one's."""
     from testbed import assemble
     from testbed.config import compose
     from testbed.sim.costmodel.calibrated import load_profile, write_profile
-    from testbed.sim.costmodel.fit import fit_profile, report
+    from testbed.sim.costmodel.fit import fit_profile, pool_device_samples, report
     try:
         old = load_profile(path.resolve())
         e = old["engine"]
@@ -89,16 +93,21 @@ def refit(path: Path, out: Path | None, host_from: list[Path] = ()) -> int:
         overrides += [f"policy.{k}={e[k]}" for k in ("max_running", "max_prefill_tokens", "token_budget")]
         overrides.append(f"engine.piecewise_graphs={e.get('piecewise_graphs', False)}")  # older profiles: none
         cfg = compose(overrides)
+        def same_deployment(p, what):
+            other = load_profile(p.resolve())
+            if other["model"] != old["model"] or other["engine"]["graph_sizes"] != e["graph_sizes"]:
+                raise ValueError(f"{what}={p}: another model or engine settings than {path}")
+            return other
         host, starts = [], [old["machine"]]
-        for p in [path, *host_from]:
-            other = old if p == path else load_profile(p.resolve())
-            if p != path:
-                if other["model"] != old["model"] or other["engine"]["graph_sizes"] != e["graph_sizes"]:
-                    raise ValueError(f"host_from={p}: another model or engine settings than {path}")
+        for other in [old, *(same_deployment(p, "host_from") for p in host_from)]:
+            if other is not old:
                 starts.append(other["machine"])
             h = other["samples"]["host"]
             host += [dict(zip(h, v)) for v in zip(*h.values())]
-        raw = {"device_samples": old["samples"]["device"], "host_samples": host,
+        grids = [old, *(same_deployment(p, "device_from") for p in device_from)]
+        device = pool_device_samples([g["samples"]["device"] for g in grids]) if device_from else \
+            old["samples"]["device"]
+        raw = {"device_samples": device, "host_samples": host,
                "graph_sizes": e["graph_sizes"], "piece_sizes": old["device"]["eager"].get("piece_sizes", []),
                "num_pages": e["num_pages"], "machine": old["machine"], "timing": old["timing"]}
         prof = fit_profile(raw, cfg, assemble.model_spec(cfg), name=old["name"])
@@ -107,6 +116,10 @@ def refit(path: Path, out: Path | None, host_from: list[Path] = ()) -> int:
             prof["host_machines"] = starts  # the machine starts whose host workloads were fitted
         elif "host_machines" in old:
             prof["host_machines"] = old["host_machines"]
+        if device_from:
+            prof["device_machines"] = [g["machine"] for g in grids]  # the starts whose device grids were pooled
+        elif "device_machines" in old:
+            prof["device_machines"] = old["device_machines"]
     except (ValueError, FileNotFoundError, KeyError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -261,3 +261,51 @@ def test_host_scale_multiplies_host_times_only():
     for bad in (0, -1.0, float("nan"), True, "fast"):
         with pytest.raises(ValueError, match="costmodel.host_scale"):
             cm(host_scale=bad)
+
+
+def test_median_nnls_fits_the_typical_step_through_outliers():
+    """A fifth of the steps 2-5x slower (a slow stretch, GC pauses): the fit stays on the rest."""
+    from testbed.sim.costmodel.fit import median_nnls
+    rng = np.random.default_rng(0)
+    x = np.column_stack([np.ones(400), rng.integers(1, 256, 400).astype(float)])
+    y = x @ np.array([3e-4, 2e-6]) * rng.normal(1.0, 0.01, 400)
+    slow = rng.random(400) < 0.2
+    y[slow] *= rng.uniform(2, 5, slow.sum())
+    assert median_nnls(x, y) == pytest.approx([3e-4, 2e-6], rel=0.03)
+
+
+def test_host_fit_takes_woken_steps_apart_as_wake_factors():
+    from testbed.sim.costmodel.fit import WAKE_GAP_S, fit_host, predict_host_parts
+    rng = np.random.default_rng(1)
+    rows = []
+    for i in range(600):
+        b = int(rng.integers(1, 64))
+        prefill = i % 5 == 0
+        tok = int(rng.integers(16, 512)) if prefill else b
+        woken = i % 7 == 0
+        h, l = 3e-4 + 2e-6 * b + (1e-7 * tok if prefill else 0), 4e-4 + 1e-6 * b + (2e-6 * tok if prefill else 0)
+        rows.append({"batch_reqs": b, "prefill_reqs": int(prefill), "prefill_tokens": tok if prefill else 0,
+                     "decode_tokens": 0 if prefill else b, "context_tokens": 1000 * b, "duration_s": 1e-3,
+                     "host_s": h * (2.5 if woken else 1.0), "launch_s": l * (1.5 if woken else 1.0),
+                     "complete_s": 5e-5, "idle_s": 0.01 if woken else 0.0})
+    fits = fit_host(rows, max_graph=64)
+    assert fits["wake"] == pytest.approx({"gap_s": WAKE_GAP_S, "host": 2.5, "launch": 1.5}, rel=0.02)
+    awake = [r for r in rows if not r["idle_s"]]
+    p = predict_host_parts(fits, [r["batch_reqs"] for r in awake],
+                           [r["prefill_tokens"] + r["decode_tokens"] for r in awake],
+                           [r["context_tokens"] for r in awake], 64)
+    assert p["host_s"] == pytest.approx([r["host_s"] for r in awake], rel=0.02)
+    # workloads without idle gaps (a profile of before December 2026) have no wake fit
+    assert "wake" not in fit_host([dict(r, idle_s=0.0) for r in rows], max_graph=64)
+
+
+def test_device_grids_of_several_starts_pool_to_the_median_per_shape():
+    from testbed.sim.costmodel.fit import pool_device_samples
+    shape = {"kind": "decode", "pattern": "uniform", "reqs": 8, "tokens": 8, "kv_tokens": 4096, "extend": 1,
+             "cached": 511}
+    other = dict(shape, reqs=16, tokens=16, kv_tokens=8192)
+    t = lambda x: {"prep_s": x, "launch_s": x, "free_s": x, "device_s": x}  # noqa: E731
+    pooled = pool_device_samples([[shape | t(1.0), other | t(5.0)], [shape | t(2.0)], [shape | t(9.0)]])
+    assert [p["reqs"] for p in pooled] == [8, 16]
+    assert pooled[0]["device_s"] == 2.0 and pooled[0]["device_s_by_start"] == [1.0, 2.0, 9.0]
+    assert pooled[1]["device_s"] == 5.0 and pooled[1]["device_s_by_start"] == [5.0]

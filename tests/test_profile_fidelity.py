@@ -55,13 +55,27 @@ def test_profiler_grid_keeps_within_limits():
     assert decode_sizes([1, 2, 4, 8, 16], 16) == [1, 2, 4, 8, 16]
     assert decode_sizes([1, 2, 4, 8, 16], 64) == [1, 2, 4, 8, 16, 17, 40, 64]
     grid = device_grid(2048, 64, [1, 2, 4, 8, 16], max_kv=100_000)
-    assert {sh.kind for sh in grid} == {"decode", "prefill", "mixed"} and {sh.pattern for sh in grid} == {"uniform", "spread"}
+    assert {sh.kind for sh in grid} == {"decode", "prefill", "mixed"} and {sh.pattern for sh in grid} == {"uniform", "spread", "skewed"}
     from testbed.sim.costmodel.fit import sample_batch
     for sh in grid:
         assert len(sh.extend) <= 64 and sum(sh.extend) + sum(sh.cached) <= 100_000
         assert sum(sh.extend) <= 2048 or sh.kind == "mixed"
         # what a profile stores of a shape gives the shape back
         assert sample_batch(shape_record(sh)) == (sh.extend, sh.cached)
+
+
+def test_serving_workload_and_idle_gaps():
+    from testbed.engine.profiler import idle_before, serving_workload
+    reqs = serving_workload(400, 8.0, vocab=1000, max_context=2048, seed=3)
+    arrivals = np.array([r.arrival for r in reqs])
+    assert arrivals[0] == 0 and (np.diff(arrivals) > 0).all()
+    assert 400 / arrivals[-1] == pytest.approx(8.0, rel=0.15)  # Poisson at the rate asked
+    assert all(16 <= r.prompt_len and r.prompt_len + r.max_new_tokens <= 2048 and 8 <= r.max_new_tokens <= 1024
+               for r in reqs)
+    assert 300 < np.median([r.prompt_len for r in reqs]) < 1000
+    # a step scheduled 5 ms after the last result was applied sat idle 5 ms; overlapped ones none
+    idle = idle_before([0.0, 0.004, 0.020], [0.010, 0.012, 0.030], [0.001, 0.003, 0.001])
+    assert idle == pytest.approx([0.0, 0.0, 0.005])
 
 
 # ---------------------------------------------------------------------- the profiler on the CPU

@@ -30,7 +30,7 @@ import torch
 
 from testbed.core import Request, SamplingParams
 from testbed.engine.synthetic_batch import greedy_sampling, synthetic_host_batch
-from testbed.sim.costmodel.fit import spread_lengths
+from testbed.sim.costmodel.fit import skewed_lengths, spread_lengths
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +47,13 @@ CHUNKED_DECODES = (4, 16, 40, 64, 192)
 CHUNKED_KV = (512, 2048, 8192, 16384)
 CHUNKED_CHUNKS = (64, 256, 448)
 CHUNKED_PREFIX = (0, 2048, 12288)
-SPREAD_KV = (512, 2048)
+SPREAD_KV = (512, 1024, 2048, 8192)
+PADDED_KV = (512, 2048)  # a graph's fewest rows (most padding), uniform
+SKEWED_KV = (1024, 4096)  # decode rows of a log-normal spread of contexts (fit.skewed_lengths)
 HOST_POLICIES = ("chunked", "prefill_first", "decode_first")
+# the serving host workloads: (requests per second, requests); a light one, mostly idle
+# between requests (the steps after an idle gap), and a moderate one
+SERVING_LOADS = ((2.0, 8), (8.0, 48))
 # The share of a decode row's context laid out as generated tokens (interleaved across the
 # batch, see synthetic_batch): about what ShareGPT and Azure conversations have (outputs
 # 17-21% of prompt + output). A contiguous layout measured 5-19% faster decode steps at
@@ -71,7 +76,8 @@ class Shape(NamedTuple):
     kind: str  # decode | prefill | mixed (one fresh chunk and decodes)
     extend: list[int]
     cached: list[int]
-    pattern: str  # uniform, or spread: decode rows of unequal contexts, fit.spread_lengths(base + 1, rows)
+    pattern: str  # uniform; spread or skewed: decode rows of unequal contexts, fit.spread_lengths or
+    # fit.skewed_lengths(base + 1, rows)
     base: int  # the decode rows' cached length (uniform), or the one they spread around
 
 
@@ -87,9 +93,13 @@ def device_grid(max_tokens: int, max_running: int, graph_sizes: list[int], max_k
         for L in SPREAD_KV[:1] if quick else SPREAD_KV:
             if b > 1 and 2 * b * L <= max_kv:
                 shapes.append(Shape("decode", [1] * b, (spread_lengths(L, b) - 1).tolist(), "spread", L - 1))
-            if b in graph_sizes and graph_sizes.index(b) > 0 and not quick:
+            if b in graph_sizes and graph_sizes.index(b) > 0 and not quick and L in PADDED_KV:
                 least = graph_sizes[graph_sizes.index(b) - 1] + 1  # the fewest rows this graph runs: most padding
                 shapes.append(Shape("decode", [1] * least, [L - 1] * least, "uniform", L - 1))
+        for L in () if quick else SKEWED_KV:
+            lengths = skewed_lengths(L, b)
+            if b > 1 and b * int(lengths.max()) <= max_kv:
+                shapes.append(Shape("decode", [1] * b, (lengths - 1).tolist(), "skewed", L - 1))
     toks = [t for t in PREFILL_TOKENS if t <= max_tokens] or [max_tokens]
     for n in toks[:3] if quick else toks:
         for c in PREFILL_CACHED[:2] if quick else PREFILL_CACHED:
@@ -176,8 +186,12 @@ def host_workload(n: int, vocab: int, max_context: int, seed: int) -> list[Reque
     return out
 
 
-def run_host_workloads(cfg, spec, parts, policies, n: int) -> list[dict]:
-    """Each policy's workload through the real step loop; one row per step."""
+def run_host_workloads(cfg, spec, parts, policies, n: int, serving: bool = True, quick: bool = False) -> list[dict]:
+    """Each policy's workloads through the real step loop; one row per step: the batch
+    workload (host_workload) and, with `serving`, Poisson arrivals at two loads
+    (serving_workload), which also give the steps launched after the engine sat idle
+    (``idle_s``: the time between the previous step's result applied and this step's start).
+    quick: the batch workload only (tests on the CPU, where a step takes a second)."""
     from testbed.assemble import make_scheduler
     from testbed.engine.driver import RealtimeDriver
     from testbed.engine.executor import EngineExecutor
@@ -186,23 +200,60 @@ def run_host_workloads(cfg, spec, parts, policies, n: int) -> list[dict]:
     for name in policies:
         pcfg = dataclasses.replace(cfg.policy, name=name)
         c = dataclasses.replace(cfg, policy=pcfg)
-        sched = make_scheduler(c, spec, parts.slots // cfg.engine.page_size)
-        ex = EngineExecutor(parts.model, parts.device, pcfg.max_running, sched, None, parts.graphs, parts.pieces)
-        reqs = host_workload(min(n, pcfg.max_running), spec.vocab_size, spec.max_context, seed=len(rows))
-        driver = RealtimeDriver(sched, ex, reqs, overlap=cfg.engine.overlap)
-        gc.collect()
-        gc.freeze()
-        driver.run()
-        gc.unfreeze()
-        if sched.check_integrity()["in_use"]:
-            raise AssertionError(f"profiler workload ({name}) leaked KV pages")
-        cols = driver.steps.cols
-        keep = ("batch_reqs", "prefill_reqs", "prefill_tokens", "decode_reqs", "decode_tokens", "context_tokens",
-                "host_s", "launch_s", "complete_s", "duration_s", "running", "waiting")
-        for i in range(1, len(driver.steps)):  # the first step pays first-use costs
-            rows.append({"policy": name, **{k: cols[k][i] for k in keep}})
-        log.info("host workload %s: %d steps", name, len(driver.steps))
+        loads = [("batch", host_workload(min(n, pcfg.max_running), spec.vocab_size, spec.max_context,
+                                         seed=len(rows)))]
+        if serving and not quick:
+            loads += [(f"serving_{rate:g}", serving_workload(count, rate, spec.vocab_size, spec.max_context,
+                                                             seed=len(rows) + k))
+                      for k, (rate, count) in enumerate(SERVING_LOADS)]
+        for workload, reqs in loads:
+            sched = make_scheduler(c, spec, parts.slots // cfg.engine.page_size)
+            ex = EngineExecutor(parts.model, parts.device, pcfg.max_running, sched, None, parts.graphs, parts.pieces)
+            driver = RealtimeDriver(sched, ex, reqs, overlap=cfg.engine.overlap)
+            gc.collect()
+            gc.freeze()
+            driver.run()
+            gc.unfreeze()
+            if sched.check_integrity()["in_use"]:
+                raise AssertionError(f"profiler workload ({name}, {workload}) leaked KV pages")
+            cols = driver.steps.cols
+            idle = idle_before(cols["start_s"], cols["end_s"], cols["complete_s"])
+            keep = ("batch_reqs", "prefill_reqs", "prefill_tokens", "decode_reqs", "decode_tokens", "context_tokens",
+                    "host_s", "launch_s", "complete_s", "duration_s", "running", "waiting")
+            for i in range(1, len(driver.steps)):  # the first step pays first-use costs
+                rows.append({"policy": name, "workload": workload, "idle_s": float(idle[i]),
+                             **{k: cols[k][i] for k in keep}})
+            log.info("host workload %s %s: %d steps", name, workload, len(driver.steps))
     return rows
+
+
+def idle_before(start_s, end_s, complete_s) -> np.ndarray:
+    """Per step: how long the host sat idle before scheduling it (0 for the first step and for
+    steps scheduled while another was in flight or being applied)."""
+    start, end, comp = (np.asarray(a, float) for a in (start_s, end_s, complete_s))
+    idle = np.zeros(len(start))
+    if len(start) > 1:
+        idle[1:] = np.maximum(start[1:] - (end[:-1] + comp[:-1]), 0.0)
+    return idle
+
+
+def serving_workload(n: int, rate: float, vocab: int, max_context: int, seed: int) -> list[Request]:
+    """n requests with Poisson arrivals at `rate` per second, prompts and outputs of
+    conversation-like lengths (log-normal: prompts around 600 tokens, 16 to 4,096; outputs
+    around 150, 8 to 1,024): the host as it runs in serving, idle gaps included."""
+    rng = np.random.default_rng(seed)
+    t = np.cumsum(rng.exponential(1.0 / rate, n))
+    t -= t[0]
+    out = []
+    for i in range(n):
+        p = int(np.clip(rng.lognormal(np.log(600), 0.9), 16, 4096))
+        o = int(np.clip(rng.lognormal(np.log(150), 0.8), 8, 1024))
+        if p + o > max_context:
+            p = max(1, max_context - o)
+        ids = rng.integers(0, vocab, p, dtype=np.int64).astype(np.int32)
+        out.append(Request(rid=i, prompt_len=p, max_new_tokens=o, arrival=float(t[i]), prompt_ids=ids,
+                           ignore_eos=True, sampling=SamplingParams(0.0, -1, 1.0, seed=i)))
+    return out
 
 
 def run_profile(cfg, spec, repeats: int = 5, quick: bool = False, policies=HOST_POLICIES,
@@ -229,7 +280,7 @@ def run_profile(cfg, spec, repeats: int = 5, quick: bool = False, policies=HOST_
         m = time_shape(ex, sh.extend, sh.cached, slots, e.page_size, spec.vocab_size, repeats, cps)
         samples.append(shape_record(sh) | m)
     t_dev = time.perf_counter() - t0
-    host = run_host_workloads(cfg, spec, parts, policies, host_requests or p.max_running)
+    host = run_host_workloads(cfg, spec, parts, policies, host_requests or p.max_running, quick=quick)
     return {
         "device_samples": samples, "host_samples": host, "graph_sizes": sizes, "num_pages": slots // e.page_size,
         "piece_sizes": list(parts.pieces.sizes) if parts.pieces is not None else [],

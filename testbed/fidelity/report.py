@@ -90,12 +90,16 @@ def median_table(res: dict) -> str:
 
 
 def markdown(res: dict, out: Path, profile_info: dict, device: dict) -> str:
+    speeds = [v for c in res.values() for v in c.get("host_ratio", []) if v is not None]
     lines = ["# Simulator fidelity against the engine", "",
              "Each cell ran twice on the engine (one H200, dummy weights) and once in the simulator "
              "(`costmodel=calibrated`, the profile below). Errors are the simulator's relative to the mean of the "
              "two engine runs; spread is the two engine runs' difference relative to their mean.", "",
-             *[f"- profile `{v['profile']}` ({m}): device grid measured {v['measured']} on {v['gpu']} "
-               f"(driver {v['driver']}); host fitted on the machine starts of {', '.join(v['host_starts'])}"
+             *[f"- profile `{v['profile']}` ({m}) on {v['gpu']} (driver {v['driver']}): device grid of the machine "
+               f"starts of {', '.join(v['device_starts'])}"
+               + (f" (per shape, a start lies a median {v['device_apart'][0]:.1%} from their median, p90 "
+                  f"{v['device_apart'][1]:.1%})" if v["device_apart"] else "")
+               + f"; host fitted on the machine starts of {', '.join(v['host_starts'])}"
                for m, v in profile_info.items()],
              f"- engine runs: one machine start, recorded at {engine_start(out)} (`runs/machine.json`)", "",
              "Reproduce the simulator side (no GPU): `python -m testbed.fidelity report out=benchmarks/results/fidelity`. "
@@ -112,7 +116,8 @@ def markdown(res: dict, out: Path, profile_info: dict, device: dict) -> str:
              "process before each run followed it (benchmarks/diag_thermo.py, benchmarks/results/host/). A step "
              "launched after the engine sat idle costs about 3x its profiled host time. Where the engine is "
              "host-bound (Qwen3-0.6B at small batches, chunked prefill steps) its metrics move with this speed; "
-             "the simulator replays every run at 1.00.", ""]
+             "the simulator replays every run at 1.00. Over these engine runs the host speed had a median of "
+             f"{np.median(speeds):.2f} (from {min(speeds):.2f} to {max(speeds):.2f})." if speeds else "", ""]
     head = ["cell", "req/s", "n"] + [label(k) for k in HEADLINE] + ["host speed r1 / r2"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, c in res.items():
@@ -249,7 +254,12 @@ def profile_info(out: Path, cells) -> dict:
         except ValueError:
             continue
         m = p["machine"]
+        # how far the pooled machine starts' device grids lie apart, per shape measured on several
+        apart = [abs(t / np.median(v) - 1) for d in p["samples"]["device"]
+                 if len(v := d.get("device_s_by_start", [])) > 1 for t in v]
         info[model] = {"host_starts": [h.get("date") for h in p.get("host_machines", [m])],
+                       "device_starts": [h.get("date") for h in p.get("device_machines", [m])],
+                       "device_apart": (float(np.median(apart)), float(np.percentile(apart, 90))) if apart else None,
                        "profile": name, "measured": m.get("date"), "gpu": m.get("gpu"),
                        "driver": m.get("driver"), "cpu": m.get("cpu"), "host": m.get("host")}
     return info

@@ -6,7 +6,9 @@ batch build, upload) then `launch` (enqueueing kernels); the device starts the s
 later of the end of the step before and the host being ready, and cannot finish before the
 last kernel is enqueued. The step loop waits until the handle's `host_done`, then (after
 launching the next step, with overlap) until its `ready_at`, and spends `complete_cost`
-applying the result. Tokens are synthetic; the executor reads nothing of the scheduler
+applying the result. A step launched after the host sat idle (nothing in flight, the last
+result applied more than the cost model's wake gap ago) takes its wake factors on its host
+and launch times, as the engine's first step after a sleep does. Tokens are synthetic; the executor reads nothing of the scheduler
 but the plan."""
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from testbed.core import BatchPlan, StepResult
+from testbed.sim.costmodel.base import StepCost
 
 
 @dataclass(slots=True)
@@ -34,13 +37,19 @@ class SimExecutor:
         self.cost_model = cost_model
         self.now = now  # the simulated clock
         self.device_free = 0.0  # when the device finishes the last step launched
+        self.applied = None  # when the host has applied the last step's result (None: no step yet)
+        self.wake = cost_model.wake  # (gap, host factor, launch factor) or None
 
     def launch(self, plan: BatchPlan) -> SimHandle:
         c = self.cost_model.step_cost(plan.extend_lens, plan.cached_lens)
-        ready = self.now() + c.host
+        t = self.now()
+        if self.wake is not None and self.applied is not None and t - self.applied > self.wake[0]:
+            c = StepCost(c.host * self.wake[1], c.launch * self.wake[2], c.device, c.complete)
+        ready = t + c.host
         start = max(self.device_free, ready)
         end = max(start + c.device, ready + c.launch)
         self.device_free = end
+        self.applied = end + c.complete  # the loop collects at `end`, then applies the result
         return SimHandle(plan, synthetic_tokens(plan), c.host, ready + c.launch, end, end - start, c.device,
                          c.complete)
 

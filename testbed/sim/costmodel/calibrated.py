@@ -14,8 +14,10 @@ overlap protocol, testbed/sim/executor.py):
   prompt of that many tokens, plus fitted seconds per unit of attention work, KV read, requests,
   imbalance and the attention kernel's busiest-SM load (fit.fa2_load) beyond that prompt's.
 * ``host`` (schedule, batch build, upload), ``launch`` (enqueueing; graph or eager) and
-  ``complete`` (applying the result): linear in requests, tokens and KV tokens, fitted to the
-  host's fast regime on the profiler's host workloads; a decode step's ``host`` per policy.
+  ``complete`` (applying the result): linear in requests, tokens and KV tokens, the typical
+  step of the profiler's host workloads; a decode step's ``host`` per policy. ``wake``: the
+  factors on host and launch of a step launched after the host sat idle (the simulator's
+  executor applies them), when the profile's serving workloads had such steps.
 
 testbed/sim/costmodel/fit.py says how each part is fitted and why. A device shape beyond
 the profiled range (more requests, tokens or KV tokens than any profiled step of its kind)
@@ -42,9 +44,8 @@ import numpy as np
 
 from testbed.modelspec import ModelSpec
 from testbed.sim.costmodel.base import StepCost, as_batch, register_cost_model
-from testbed.sim.costmodel.fit import (COMPLETE_FEATURES, EAGER_EXTRA, HOST_FEATURES, LAUNCH_FEATURES, MODEL_FIELDS,
-                                       PROFILE_FORMAT, Fa2Shape, base_curve, eager_extras, graph_imbalance,
-                                       padded_tokens)
+from testbed.sim.costmodel.fit import (EAGER_EXTRA, MODEL_FIELDS, PROFILE_FORMAT, Fa2Shape, base_curve, eager_extras,
+                                       graph_imbalance, padded_tokens, predict_host_parts)
 from testbed.sim.costmodel.hardware import HardwareSpec
 
 __all__ = ["CalibratedConfig", "CalibratedCostModel", "PROFILES_DIR", "available_profiles", "load_profile",
@@ -193,7 +194,12 @@ class CalibratedCostModel:
         policy = policy or cfg.policy
         self.policy = policy if policy in prof["host"] else "all"
         k = cfg.host_scale
-        self.host = {part: {f: v * k for f, v in coef.items()} for part, coef in prof["host"][self.policy].items()}
+        fits = prof["host"][self.policy]
+        self.host = {part: {f: v * k for f, v in coef.items()} for part, coef in fits.items() if part != "wake"}
+        w = fits.get("wake")
+        #: (idle gap in seconds, host factor, launch factor) of a step launched after an idle gap,
+        #: or None: the profile's host workloads had too few such steps to fit it
+        self.wake = (w["gap_s"], w["host"], w["launch"]) if w else None
         g = prof["device"]["graph"]
         self.sizes = np.array(g["sizes"] if g else [], np.int64)
         self.max_graph = int(self.sizes[-1]) if len(self.sizes) else 0
@@ -241,20 +247,7 @@ class CalibratedCostModel:
 
     def host_parts_arrays(self, reqs, tokens, kv_tokens) -> dict[str, np.ndarray]:
         """host_s, launch_s, complete_s for arrays of step features (a row per step)."""
-        b, t, kv = (np.asarray(a, float) for a in (reqs, tokens, kv_tokens))
-        decode = t == b
-        graph = decode & (b <= self.max_graph)
-        f = {"reqs": b, "tokens": t, "kv_tokens": kv}
-        h = self.host
-
-        def lin(part, names):
-            return sum(h[part].get(k, 0.0) * (1.0 if k == "const" else f[k]) for k in names)
-        return {"host_s": np.where(decode, lin("host_decode", HOST_FEATURES["decode"]),
-                                   lin("host_prefill", HOST_FEATURES["prefill"])),
-                "launch_s": np.where(graph, lin("launch_graph", LAUNCH_FEATURES["graph"]),
-                                     lin("launch_eager", LAUNCH_FEATURES["eager"])),
-                "complete_s": np.where(decode, lin("complete_decode", COMPLETE_FEATURES),
-                                       lin("complete_prefill", COMPLETE_FEATURES))}
+        return predict_host_parts(self.host, reqs, tokens, kv_tokens, self.max_graph)
 
     # ------------------------------------------------------------------ public API
     def step_cost(self, extend_lens: np.ndarray, cached_lens: np.ndarray) -> StepCost:

@@ -114,6 +114,8 @@ def allowed_tp(spec: ModelSpec, limit: int = 64) -> list[int]:
 class RooflineCostModel:
     """Roofline step time of one TP rank; see the module docstring for the terms."""
 
+    wake = None  # no host, so no host that wakes
+
     def __init__(self, spec: ModelSpec, hardware: HardwareSpec, cfg: RooflineConfig | None = None):
         cfg = cfg if cfg is not None else RooflineConfig()
         tp = cfg.tp
