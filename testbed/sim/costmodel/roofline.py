@@ -176,11 +176,6 @@ class RooflineCostModel:
         self._per_req = cfg.per_request_overhead_s
 
     # ------------------------------------------------------------------ public API
-    @property
-    def weight_bytes_per_rank(self) -> int:
-        """Weights one rank streams per step (linear layers + lm head; not the embedding)."""
-        return self.linear_weight_bytes + self.lm_head_weight_bytes
-
     def _terms(self, extend_lens, cached_lens) -> tuple[float, ...]:
         n, c = as_batch(extend_lens, cached_lens)
         b = n.shape[0]
