@@ -8,6 +8,7 @@ of each (attention, kernels) pair against the reference.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -21,8 +22,7 @@ def main() -> None:
     import torch
     from testbed.engine.forward_batch import ForwardBatch
     from testbed.engine.model import build_model, load_weights
-    from testbed.engine.model.config import read_hf_config
-    from testbed.modelspec import resolve_config_path
+    from testbed.modelspec import load_model_spec
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="qwen3_0_6b")
@@ -31,16 +31,16 @@ def main() -> None:
     ap.add_argument("--prefill-backend", default="fa2", help="flashinfer prefill template: fa2 | fa3")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
-    hf = read_hf_config(str(resolve_config_path(f"hf/{a.model}.json")))
+    spec = load_model_spec(f"hf/{a.model}.json")
     if a.layers:
-        hf["num_hidden_layers"] = a.layers
+        spec = dataclasses.replace(spec, num_layers=a.layers)
     dev = torch.device("cuda")
     models = {}
     ref_name = "torch+torch"
     for name in (ref_name, "flashinfer+torch", "torch+triton", "flashinfer+triton"):
         attention, kernels = name.split("+")
         options = {"prefill_backend": a.prefill_backend} if attention == "flashinfer" else None
-        m = build_model(hf, torch.bfloat16, dev, attention, kernels=kernels, attention_options=options)
+        m = build_model(spec, torch.bfloat16, dev, attention, kernels=kernels, attention_options=options)
         load_weights(m, "dummy", seed=0)
         m.create_kv_pool(8192, a.page_size)
         models[name] = m

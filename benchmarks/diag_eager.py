@@ -28,7 +28,7 @@ def main(argv):
     cfg = compose(["backend=engine"] + argv)
     spec = assemble.model_spec(cfg)
     dev = engine_device(cfg)
-    model, _ = load_model_for(cfg, dev)
+    model, _ = load_model_for(cfg, spec, dev)
     slots = kv_slots(cfg, model, dev)
     create_pool(model, slots, 1)
     graphs = make_graphs(cfg, model, dev, slots, spec.max_context)

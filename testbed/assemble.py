@@ -50,8 +50,7 @@ def sim_kv_pages(cfg, spec: ModelSpec, hardware) -> int:
     if e.num_pages is not None:
         return e.num_pages
     tp = e.tp
-    kv_heads_per_rank = max(1, spec.num_kv_heads // tp)
-    per_token = 2 * spec.num_layers * kv_heads_per_rank * spec.head_dim * spec.dtype_bytes
+    per_token = spec.kv_bytes_per_token(tp)
     free = hardware.mem_bytes * e.mem_fraction - spec.weight_bytes() / tp
     if free <= 0:
         raise ValueError(f"model {spec.name} ({spec.weight_bytes() / 1e9:.1f} GB of weights over tp={tp}) does "

@@ -1,9 +1,9 @@
-"""Model shape from a Hugging Face ``config.json``.
+"""Model shape from a Hugging Face ``config.json``: the one reader of it.
 
-``ModelSpec`` is the one description of a decoder-only transformer that the rest of the
-testbed needs without loading weights: the cost model (FLOPs and bytes per step), the KV
-manager (bytes per token) and the engine (layer shapes). It is built from the plain dict
-of an HF ``config.json``::
+``ModelSpec`` is the one description of a decoder-only transformer: the cost models (FLOPs
+and bytes per step), the KV sizing of both backends (``kv_bytes_per_token``) and the engine's
+model (layer shapes, RoPE, biases) all read it. It is built from the plain dict of an HF
+``config.json``::
 
     spec = load_model_spec("hf/llama3_8b.json")          # resolved against conf/model/
     spec = load_model_spec("/models/Qwen3-8B")            # a model dir: its config.json
@@ -11,7 +11,7 @@ of an HF ``config.json``::
     spec = model_spec_from_cfg(cfg.model)                 # the Hydra ``model`` group node
 
 Supported architectures: ``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``
-(dense, pre-norm RMSNorm, SwiGLU MLP, rotary attention with grouped-query heads).
+(dense, pre-norm RMSNorm, SiLU-gated MLP, rotary attention with grouped-query heads).
 
 Path resolution of ``load_model_spec(path)``:
   1. an absolute path is used as given;
@@ -32,6 +32,7 @@ from typing import Any, Mapping
 __all__ = [
     "SUPPORTED_ARCHITECTURES",
     "CONF_MODEL_DIR",
+    "UnsupportedArchitectureError",
     "ModelSpec",
     "ModelConfig",
     "load_model_spec",
@@ -41,37 +42,43 @@ __all__ = [
     "tp_split_problems",
 ]
 
-#: Architecture name -> defaults that the HF config leaves implicit for it.
-#: ``attention_bias``: Qwen2 always has a bias on q/k/v (its config has no key for it);
-#: Llama and Qwen3 read ``attention_bias`` from the config (false in all public models).
-#: ``qk_norm``: Qwen3 applies an RMSNorm over head_dim to q and k before RoPE.
-SUPPORTED_ARCHITECTURES: dict[str, dict[str, bool]] = {
-    "LlamaForCausalLM": {"attention_bias": False, "qk_norm": False},
-    "Qwen2ForCausalLM": {"attention_bias": True, "qk_norm": False},
-    "Qwen3ForCausalLM": {"attention_bias": False, "qk_norm": True},
+#: Architecture -> what its HF config leaves implicit. ``model_type`` names it in configs
+#: without ``architectures`` (a transformers config built in code). ``qkv_bias`` / ``o_bias``:
+#: None = the config's ``attention_bias`` (Llama, Qwen3: HF puts it on q, k, v and o); Qwen2
+#: always has a q/k/v bias and none on o (its config has no key for it). ``qk_norm``: Qwen3
+#: applies an RMSNorm over head_dim to q and k before RoPE.
+SUPPORTED_ARCHITECTURES: dict[str, dict[str, Any]] = {
+    "LlamaForCausalLM": {"model_type": "llama", "qkv_bias": None, "o_bias": None, "qk_norm": False},
+    "Qwen2ForCausalLM": {"model_type": "qwen2", "qkv_bias": True, "o_bias": False, "qk_norm": False},
+    "Qwen3ForCausalLM": {"model_type": "qwen3", "qkv_bias": None, "o_bias": None, "qk_norm": True},
 }
+_BY_MODEL_TYPE = {v["model_type"]: k for k, v in SUPPORTED_ARCHITECTURES.items()}
 
 #: Where relative ``config_path`` values of the Hydra model group are resolved first.
 CONF_MODEL_DIR = Path(__file__).resolve().parent.parent / "conf" / "model"
 
-_DTYPE_BYTES = {
-    "bfloat16": 2,
-    "float16": 2,
-    "half": 2,
-    "bf16": 2,
-    "fp16": 2,
-    "float32": 4,
-    "float": 4,
-    "fp32": 4,
+#: torch_dtype spellings -> the torch dtype name (what ``engine.dtype=auto`` loads).
+_DTYPE_NAMES = {
+    "bfloat16": "bfloat16", "bf16": "bfloat16",
+    "float16": "float16", "half": "float16", "fp16": "float16",
+    "float32": "float32", "float": "float32", "fp32": "float32",
 }
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+class UnsupportedArchitectureError(ValueError):
+    """A config of a model the testbed cannot model or run (architecture, activation, attention)."""
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Shape of a dense decoder-only transformer (one rank, no tensor parallelism).
+    """Shape of a dense decoder-only transformer; the per-rank sizes under tensor parallelism
+    come from ``kv_heads_per_rank`` / ``kv_bytes_per_token``.
 
-    ``eos_token_ids`` is a tuple (the spec is immutable); ``rope_scaling`` is the config's
-    dict or None and must not be mutated.
+    ``attention_bias`` is the bias on q, k and v, ``o_bias`` the one on the output
+    projection. ``dtype`` is the checkpoint's torch dtype name. ``eos_token_ids`` is a tuple
+    (the spec is immutable); ``rope_scaling`` is None or a dict with ``rope_type`` and must
+    not be mutated.
     """
 
     architecture: str
@@ -86,13 +93,14 @@ class ModelSpec:
     tie_word_embeddings: bool = False
     qk_norm: bool = False
     attention_bias: bool = False
+    o_bias: bool = False
     mlp_bias: bool = False
     rope_theta: float = 10000.0
     rope_scaling: dict | None = field(default=None, compare=False)
     rms_norm_eps: float = 1e-6
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
-    dtype_bytes: int = 2
+    dtype: str = "bfloat16"
     name: str | None = None
     source: str | None = field(default=None, compare=False)
 
@@ -101,7 +109,7 @@ class ModelSpec:
     def from_hf_config(
         cls, config: Mapping[str, Any], *, name: str | None = None, source: str | None = None
     ) -> "ModelSpec":
-        """Build a spec from the dict of an HF ``config.json``.
+        """Build a spec from the dict of an HF ``config.json`` (or a transformers config's ``to_dict()``).
 
         ``source`` (the file name) is only used in error messages and kept for reference.
         """
@@ -119,18 +127,15 @@ class ModelSpec:
                 )
             return value
 
-        archs = req("architectures")
-        if isinstance(archs, str):
-            archs = [archs]
-        if not archs:
-            raise ValueError(f"model config {where}: required field 'architectures' is empty")
-        arch = archs[0]
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(
-                f"model config {where}: architecture {arch!r} is not supported; "
-                f"supported: {sorted(SUPPORTED_ARCHITECTURES)}"
-            )
+        arch = _architecture(config, where)
         arch_defaults = SUPPORTED_ARCHITECTURES[arch]
+        act = config.get("hidden_act", "silu")
+        if act != "silu":
+            raise UnsupportedArchitectureError(
+                f"model config {where}: hidden_act={act!r} is not supported; allowed: silu")
+        if config.get("use_sliding_window"):
+            raise UnsupportedArchitectureError(
+                f"model config {where}: use_sliding_window=true is not supported (full attention only)")
 
         hidden = pos_int("hidden_size", req("hidden_size"))
         inter = pos_int("intermediate_size", req("intermediate_size"))
@@ -169,27 +174,9 @@ class ModelSpec:
                 f"model config {where}: eos_token_id={eos!r} must be an int or a list of ints"
             )
 
-        dtype_name = config.get("torch_dtype", config.get("dtype"))
-        if dtype_name is None or dtype_name == "auto":
-            dtype_bytes = 2
-        else:
-            key = str(dtype_name).lower().removeprefix("torch.")
-            if key not in _DTYPE_BYTES:
-                raise ValueError(
-                    f"model config {where}: torch_dtype={dtype_name!r} is not supported; "
-                    f"supported: {sorted(_DTYPE_BYTES)}"
-                )
-            dtype_bytes = _DTYPE_BYTES[key]
-
-        rope_scaling = config.get("rope_scaling")
-        if rope_scaling is not None and not isinstance(rope_scaling, Mapping):
-            raise ValueError(
-                f"model config {where}: rope_scaling={rope_scaling!r} must be a dict or null"
-            )
-
-        attention_bias = config.get("attention_bias")
-        if attention_bias is None or arch == "Qwen2ForCausalLM":
-            attention_bias = arch_defaults["attention_bias"]
+        rope_theta, rope_scaling = _rope(config, where)
+        attention_bias = bool(config.get("attention_bias") or False)
+        qkv_bias, o_bias = arch_defaults["qkv_bias"], arch_defaults["o_bias"]
 
         return cls(
             architecture=arch,
@@ -203,20 +190,25 @@ class ModelSpec:
             max_context=max_ctx,
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             qk_norm=arch_defaults["qk_norm"],
-            attention_bias=bool(attention_bias),
+            attention_bias=attention_bias if qkv_bias is None else qkv_bias,
+            o_bias=attention_bias if o_bias is None else o_bias,
             mlp_bias=bool(config.get("mlp_bias", False)),
-            # transformers 5 writes it inside rope_parameters; older configs at the top level
-            rope_theta=float(config.get("rope_theta", (config.get("rope_parameters") or {}).get("rope_theta", 10000.0))),
-            rope_scaling=dict(rope_scaling) if rope_scaling is not None else None,
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
             rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
             eos_token_ids=eos_ids,
             bos_token_id=config.get("bos_token_id"),
-            dtype_bytes=dtype_bytes,
+            dtype=_dtype_name(config, where),
             name=name,
             source=source,
         )
 
     # ------------------------------------------------------------------ derived shapes
+    @property
+    def dtype_bytes(self) -> int:
+        """Bytes of one weight (and, by default, one KV element) in the checkpoint's dtype."""
+        return _DTYPE_BYTES[self.dtype]
+
     @property
     def q_dim(self) -> int:
         """Width of the query projection output (num_q_heads * head_dim)."""
@@ -231,8 +223,10 @@ class ModelSpec:
         """Weights (and biases) of the matmuls of one decoder layer: q, k, v, o, gate, up, down."""
         h, i = self.hidden_size, self.intermediate_size
         attn = h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h
-        if self.attention_bias:  # bias on q, k, v (Qwen2); o has none in these families
+        if self.attention_bias:
             attn += self.q_dim + 2 * self.kv_dim
+        if self.o_bias:
+            attn += h
         mlp = 3 * h * i
         if self.mlp_bias:
             mlp += 2 * i + h
@@ -272,9 +266,67 @@ class ModelSpec:
         """Bytes of all weights in the model's dtype (tied embeddings stored once)."""
         return self.param_count() * self.dtype_bytes
 
-    def kv_bytes_per_token(self) -> int:
-        """KV-cache bytes per token over all layers: 2 (K and V) * layers * kv_heads * head_dim * dtype."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+    def kv_heads_per_rank(self, tp: int = 1) -> int:
+        """KV heads one of ``tp`` ranks holds: an even split, or one (replicated) head when
+        there are fewer KV heads than ranks, as the engine's QKV layer shards them."""
+        return self.num_kv_heads // tp if self.num_kv_heads >= tp else 1
+
+    def kv_bytes_per_token(self, tp: int = 1, dtype_bytes: int | None = None) -> int:
+        """KV-cache bytes one token takes on one of ``tp`` ranks, over all layers (K and V).
+        ``dtype_bytes``: the KV cache's element size when it is not the checkpoint's (the
+        engine's ``engine.dtype``)."""
+        itemsize = self.dtype_bytes if dtype_bytes is None else dtype_bytes
+        return 2 * self.num_layers * self.kv_heads_per_rank(tp) * self.head_dim * itemsize
+
+
+def _architecture(config: Mapping[str, Any], where: str) -> str:
+    """The supported architecture a config names: ``architectures[0]``, else its ``model_type``."""
+    archs = config.get("architectures")
+    if isinstance(archs, str):
+        archs = [archs]
+    supported = sorted(SUPPORTED_ARCHITECTURES)
+    if archs:
+        if archs[0] not in SUPPORTED_ARCHITECTURES:
+            raise UnsupportedArchitectureError(
+                f"model config {where}: architecture {archs[0]!r} is not supported; supported: {supported}")
+        return archs[0]
+    model_type = config.get("model_type")
+    if model_type in _BY_MODEL_TYPE:
+        return _BY_MODEL_TYPE[model_type]
+    raise ValueError(f"model config {where}: required field 'architectures' is missing and model_type "
+                     f"{model_type!r} names none of the supported {supported}")
+
+
+def _rope(config: Mapping[str, Any], where: str) -> tuple[float, dict | None]:
+    """(theta, scaling): transformers 5 writes both into ``rope_parameters``, older configs
+    ``rope_theta`` and ``rope_scaling`` (whose ``type`` is the old name of ``rope_type``).
+    Scaling is None for plain RoPE."""
+    params, scaling = config.get("rope_parameters"), config.get("rope_scaling")
+    for key, value in (("rope_parameters", params), ("rope_scaling", scaling)):
+        if value is not None and not isinstance(value, Mapping):
+            raise ValueError(f"model config {where}: {key}={value!r} must be a dict or null")
+    params, scaling = dict(params or {}), dict(scaling or {})
+    thetas = (params.get("rope_theta"), config.get("rope_theta"), scaling.get("rope_theta"), 10000.0)
+    merged = {**scaling, **params}
+    theta = float(next(t for t in thetas if t is not None))
+    old_name = merged.pop("type", "default")
+    rope_type = merged.pop("rope_type", old_name)
+    merged.pop("rope_theta", None)
+    if rope_type in (None, "default"):
+        return theta, None
+    return theta, {**merged, "rope_type": rope_type}
+
+
+def _dtype_name(config: Mapping[str, Any], where: str) -> str:
+    """The checkpoint's torch dtype name; bfloat16 when the config leaves it open."""
+    name = config.get("torch_dtype") or config.get("dtype")  # transformers 5: dtype
+    if name is None or name == "auto":
+        return "bfloat16"
+    key = str(name).lower().removeprefix("torch.")
+    if key not in _DTYPE_NAMES:
+        raise ValueError(f"model config {where}: torch_dtype={name!r} is not supported; "
+                         f"supported: {sorted(_DTYPE_NAMES)}")
+    return _DTYPE_NAMES[key]
 
 
 # ---------------------------------------------------------------------- loading

@@ -246,9 +246,18 @@ def test_config_validation(key, value, allowed):
 def test_yaml_mirrors_defaults():
     node = OmegaConf.to_container(OmegaConf.load(REPO / "conf/costmodel/roofline.yaml"))
     assert node.pop("name") == "roofline"
-    assert node == dataclasses.asdict(RooflineConfig())
+    assert node == {k: v for k, v in dataclasses.asdict(RooflineConfig()).items() if k != "tp"}  # tp: engine.tp
     cm = make_cost_model("roofline", LLAMA8, "h200", OmegaConf.load(REPO / "conf/costmodel/roofline.yaml"))
     assert cm.cfg == RooflineConfig()
+
+
+def test_costmodel_tp_is_engine_tp():
+    from testbed.config import compose
+    from testbed.sim.build import cost_model_for
+    cfg = compose(["engine.tp=2"])
+    assert cost_model_for(cfg, LLAMA8)[0].cfg.tp == 2
+    with pytest.raises(ValueError, match="costmodel.tp=4 is not a setting; the TP degree is engine.tp"):
+        cost_model_for(compose(["engine.tp=2", "+costmodel.tp=4"]), LLAMA8)
 
 
 def test_every_model_and_hardware_builds():

@@ -234,3 +234,38 @@ def test_rope_theta_from_transformers5_rope_parameters():
            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
            "max_position_embeddings": 2048, "rope_parameters": {"rope_type": "default", "rope_theta": 123456.0}}
     assert ModelSpec.from_hf_config(cfg).rope_theta == 123456.0
+
+
+def test_kv_bytes_per_rank():
+    s = spec("llama3_8b")  # 8 KV heads
+    assert [s.kv_heads_per_rank(tp) for tp in (1, 2, 8, 16)] == [8, 4, 1, 1]  # 16 ranks: replicated
+    assert s.kv_bytes_per_token(2) == s.kv_bytes_per_token() // 2
+    assert s.kv_bytes_per_token(1, dtype_bytes=4) == 2 * s.kv_bytes_per_token()
+
+
+def test_transformers_config_dict():
+    # what a transformers 5 config built in code gives: no architectures, scaling in rope_parameters
+    cfg = qwen25_7b_config() | {"architectures": None, "model_type": "llama", "rope_theta": None, "dtype": None,
+                                "rope_parameters": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 5e5}}
+    s = ModelSpec.from_hf_config(cfg)
+    assert s.architecture == "LlamaForCausalLM" and s.rope_theta == 5e5 and s.dtype == "bfloat16"
+    assert s.rope_scaling == {"factor": 8.0, "rope_type": "llama3"}
+    with pytest.raises(ValueError, match="architectures"):
+        ModelSpec.from_hf_config(cfg | {"model_type": "gpt2"})
+
+
+def test_biases_follow_hf():
+    llama = qwen25_7b_config() | {"architectures": ["LlamaForCausalLM"], "attention_bias": True}
+    s = ModelSpec.from_hf_config(llama)  # Llama puts attention_bias on q, k, v and o
+    assert s.attention_bias and s.o_bias
+    assert s.param_count() == 7_615_616_512 + 28 * 3584
+    q2 = ModelSpec.from_hf_config(qwen25_7b_config())  # Qwen2: q, k, v only, whatever the config says
+    assert q2.attention_bias and not q2.o_bias
+
+
+def test_unsupported_model_features_are_one_line():
+    from testbed.modelspec import UnsupportedArchitectureError
+    with pytest.raises(UnsupportedArchitectureError, match="hidden_act='gelu'.*allowed: silu"):
+        ModelSpec.from_hf_config(qwen25_7b_config() | {"hidden_act": "gelu"}, source="g.json")
+    with pytest.raises(UnsupportedArchitectureError, match="use_sliding_window"):
+        ModelSpec.from_hf_config(qwen25_7b_config() | {"use_sliding_window": True})

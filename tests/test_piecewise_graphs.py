@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
 from testbed.engine.model import build_model, load_weights  # noqa: E402
-from testbed.engine.model.config import read_hf_config  # noqa: E402
+from testbed.modelspec import load_model_spec  # noqa: E402
 from testbed.engine.piecewise_graphs import PiecewiseGraphs, token_sizes  # noqa: E402
 from testbed.engine.synthetic_batch import synthetic_host_batch  # noqa: E402
 from tests.engine_fixtures import tiny_config  # noqa: E402
@@ -33,7 +33,7 @@ def test_token_sizes_cover_with_bounded_padding(max_tokens):
 def _model(kind, tmp_path):
     import json
     (tmp_path / "config.json").write_text(json.dumps(tiny_config(kind)))
-    model = build_model(read_hf_config(str(tmp_path)), torch.float32, "cpu", "torch", kernels="torch")
+    model = build_model(load_model_spec(tmp_path), torch.float32, "cpu", "torch", kernels="torch")
     load_weights(model, "dummy", seed=0)
     model.create_kv_pool(SLOTS + 1, 1)  # + the scratch slot
     return model

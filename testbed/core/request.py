@@ -82,7 +82,6 @@ class Request:
     pending_tokens: int = 0  # sampled tokens scheduled but not yet delivered
     inflight: int = 0  # steps in flight that touch this request
     admit_seq: int = -1  # order of (re)admission; default preemption victim is the largest
-    aborted: bool = False  # abort asked while a step was in flight
     queued: bool = False  # in the scheduler's waiting queue
     plan_stamp: int = -1  # last step whose plan named it (duplicate check)
 
@@ -107,11 +106,6 @@ class Request:
     def extend_len(self) -> int:
         """Tokens known but without KV: what the next prefill (or decode, = 1) must compute."""
         return self.device_len - self.cached_len
-
-    @property
-    def num_outputs(self) -> int:
-        """Output tokens delivered or pending."""
-        return len(self.output_ids) + self.pending_tokens
 
     @property
     def in_prefill(self) -> bool:

@@ -12,8 +12,6 @@ from testbed.engine.driver import RealtimeDriver
 from testbed.engine.executor import EngineExecutor
 from testbed.engine.kernels import resolve_kernels
 from testbed.engine.model import build_model, load_weights
-from testbed.engine.model.config import read_hf_config
-from testbed.modelspec import resolve_config_path
 
 log = logging.getLogger(__name__)
 HEADROOM_BYTES = 4 << 30  # activations, logits and CUDA graphs beside the KV pool
@@ -50,14 +48,14 @@ def engine_device(cfg, rank: int = 0) -> torch.device:
     return torch.device("cpu")
 
 
-def load_model_for(cfg, device: torch.device, tp_rank: int = 0, tp_size: int = 1, tp_group=None):
-    """This rank's model shard with its weights (streamed from model.path, or dummy)."""
+def load_model_for(cfg, spec, device: torch.device, tp_rank: int = 0, tp_size: int = 1, tp_group=None):
+    """This rank's shard of the model of shape `spec` (assemble.model_spec: every rank builds
+    from rank 0's) with its weights (streamed from model.path, or dummy)."""
     e = cfg.engine
     source = cfg.model.path
     if cfg.model.weights == "real" and not source:
         raise ValueError("model.weights=real needs model.path=DIR (config.json + *.safetensors); "
                          "or use model.weights=dummy")
-    hf_config = read_hf_config(source) if source else read_hf_config(str(resolve_config_path(cfg.model.config_path)))
     torch.manual_seed(cfg.seed)
     options = {}
     if e.decode_tensor_cores is not None:
@@ -68,7 +66,7 @@ def load_model_for(cfg, device: torch.device, tp_rank: int = 0, tp_size: int = 1
         if e.attention != "flashinfer":
             raise ValueError(f"engine.prefill_backend is a flashinfer option; engine.attention is {e.attention!r}")
         options["prefill_backend"] = e.prefill_backend
-    model = build_model(hf_config, e.dtype, device, e.attention, tp_rank, tp_size, tp_group, e.kernels, options)
+    model = build_model(spec, e.dtype, device, e.attention, tp_rank, tp_size, tp_group, e.kernels, options)
     report = load_weights(model, "dummy" if cfg.model.weights == "dummy" else source, seed=cfg.seed)
     log.info("rank %d weights: %s", tp_rank, report)
     return model, report
@@ -91,7 +89,7 @@ class EngineParts:
 def build_parts(cfg, spec) -> EngineParts:
     e = cfg.engine
     device = engine_device(cfg)
-    model, report = load_model_for(cfg, device)
+    model, report = load_model_for(cfg, spec, device)
     slots = kv_slots(cfg, model, device)
     create_pool(model, slots, e.page_size)
     graphs = make_graphs(cfg, model, device, slots // e.page_size, spec.max_context)

@@ -146,7 +146,7 @@ def convert_gguf(gguf: str | Path, out: str | Path, *, dtype: str = "bfloat16",
     """Convert one GGUF file into a model directory at ``out`` (see the module docstring)."""
     import torch
 
-    from testbed.engine.model.config import SUPPORTED_ARCHITECTURES
+    from testbed.modelspec import SUPPORTED_ARCHITECTURES
 
     t0 = time.perf_counter()
     gguf = Path(gguf).expanduser().resolve()

@@ -50,10 +50,6 @@ class ForwardBatch:
         """New tokens per request, int64 [B]."""
         return (self.qo_indptr[1:] - self.qo_indptr[:-1]).long()
 
-    def context_lens(self) -> torch.Tensor:
-        """Context length (cached + new) per request, int64 [B]."""
-        return (self.kv_indptr[1:] - self.kv_indptr[:-1]).long()
-
     def last_token_index(self) -> torch.Tensor:
         """Row of each request's last new token in the flat token dimension, int64 [B]."""
         return self.qo_indptr[1:].long() - 1

@@ -20,11 +20,7 @@ from typing import Any
 
 import torch
 
-from testbed.engine.model.config import (
-    SUPPORTED_ARCHITECTURES,
-    UnsupportedArchitectureError,
-    read_hf_config,
-)
+from testbed.modelspec import UnsupportedArchitectureError, load_model_spec
 
 __all__ = [
     "load_weights",
@@ -111,17 +107,10 @@ def _check_architecture(model: Any, path: Path) -> None:
     cfg_path = path / "config.json"
     if not cfg_path.is_file():
         return  # weights without a config: trust the caller's model
-    archs = read_hf_config(cfg_path).get("architectures") or []
-    if not archs:
-        return
-    supported = ", ".join(sorted(SUPPORTED_ARCHITECTURES))
-    if archs[0] not in SUPPORTED_ARCHITECTURES:
+    arch = load_model_spec(cfg_path).architecture  # an unsupported one raises, naming the file
+    if arch != model.config.architecture:
         raise UnsupportedArchitectureError(
-            f"{path}: unsupported architecture {archs[0]!r}; supported: {supported}"
-        )
-    if archs[0] != model.config.architecture:
-        raise UnsupportedArchitectureError(
-            f"{path} holds a {archs[0]} checkpoint, the model is a {model.config.architecture}"
+            f"{path} holds a {arch} checkpoint, the model is a {model.config.architecture}"
         )
 
 

@@ -458,8 +458,6 @@ class Scheduler:
         r.state = state
         r.finish_reason = reason
         r.finish_time = now
-        if state == RequestState.ABORTED:
-            r.aborted = True
         self.done.append(r)
         if r.slot >= 0:
             if r.inflight:

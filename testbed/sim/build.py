@@ -17,6 +17,8 @@ def cost_model_for(cfg, spec):
     hw = load_hardware(dict(cfg.hardware))
     cm_cfg = dict(cfg.costmodel or {"name": "roofline"})
     name = cm_cfg.pop("name", "roofline")
+    if "tp" in cm_cfg:
+        raise ValueError(f"costmodel.tp={cm_cfg['tp']!r} is not a setting; the TP degree is engine.tp")
     cm_cfg["tp"] = cfg.engine.tp  # the deployment's TP degree, one knob for both backends
     if name in ("auto", "calibrated"):
         cm_cfg["policy"] = cfg.policy.name  # the profile's host fit of this policy

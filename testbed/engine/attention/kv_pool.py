@@ -54,17 +54,10 @@ class KVPool:
     def num_pages(self) -> int:
         return self.num_slots // self.page_size
 
-    @staticmethod
-    def bytes_per_slot(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-        """KV bytes one token takes over all layers (K and V)."""
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        return 2 * num_layers * num_kv_heads * head_dim * itemsize
-
     @property
     def nbytes(self) -> int:
-        return self.num_slots * self.bytes_per_slot(
-            self.num_layers, self.num_kv_heads, self.head_dim, self.dtype
-        )
+        """Bytes the K and V buffers hold (sizing is ModelSpec.kv_bytes_per_token's job)."""
+        return sum(t.nbytes for t in self.k + self.v)
 
     def write(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store new tokens' K/V ([T, kv_heads, head_dim]) into slots ``loc`` ([T])."""

@@ -11,26 +11,26 @@ import torch.nn as nn
 from testbed.engine.attention.base import AttentionBackend
 from testbed.engine.forward_batch import ForwardBatch
 from testbed.engine.kernels import Ops
-from testbed.engine.model.config import ModelConfig
 from testbed.engine.model.norm import RMSNorm
 from testbed.engine.model.parallel import QKVParallelLinear, RowParallelLinear, TensorParallel
+from testbed.modelspec import ModelSpec
 
 __all__ = ["SelfAttention"]
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int, tp: TensorParallel, ops: Ops, dtype, device) -> None:
+    def __init__(self, cfg: ModelSpec, layer_id: int, tp: TensorParallel, ops: Ops, dtype, device) -> None:
         super().__init__()
         self.layer_id, self.ops = layer_id, ops
         self.head_dim = cfg.head_dim
         self.eps = cfg.rms_norm_eps
         self.qkv_proj = QKVParallelLinear(
-            cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.qkv_bias, tp, dtype, device
+            cfg.hidden_size, cfg.head_dim, cfg.num_q_heads, cfg.num_kv_heads, cfg.attention_bias, tp, dtype, device
         )
         self.num_heads = self.qkv_proj.heads_local
         self.num_kv_heads = self.qkv_proj.kv_heads_local
         self.o_proj = RowParallelLinear(
-            cfg.num_heads * cfg.head_dim, cfg.hidden_size, cfg.o_bias, tp, dtype, device
+            cfg.q_dim, cfg.hidden_size, cfg.o_bias, tp, dtype, device
         )
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, ops, dtype, device)

@@ -12,11 +12,11 @@ from testbed.engine.attention.kv_pool import KVPool
 from testbed.engine.forward_batch import ForwardBatch
 from testbed.engine.kernels import Ops, make_ops
 from testbed.engine.model.attention import SelfAttention
-from testbed.engine.model.config import ModelConfig
 from testbed.engine.model.mlp import GatedMLP
 from testbed.engine.model.norm import RMSNorm
 from testbed.engine.model.parallel import ParallelLMHead, TensorParallel, VocabParallelEmbedding
 from testbed.engine.model.rotary import RotaryEmbedding
+from testbed.modelspec import ModelSpec
 
 __all__ = ["DecoderLayer", "CausalLM", "WeightTarget"]
 
@@ -31,7 +31,7 @@ class DecoderLayer(nn.Module):
     next norm: ``forward(x, residual)`` takes the previous layer's mlp output and the stream
     before it (None at the first layer) and returns the same pair."""
 
-    def __init__(self, cfg: ModelConfig, layer_id: int, tp: TensorParallel, ops: Ops, dtype, device) -> None:
+    def __init__(self, cfg: ModelSpec, layer_id: int, tp: TensorParallel, ops: Ops, dtype, device) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops, dtype, device)
         self.self_attn = SelfAttention(cfg, layer_id, tp, ops, dtype, device)
@@ -64,7 +64,7 @@ class CausalLM(nn.Module):
 
     def __init__(
         self,
-        cfg: ModelConfig,
+        cfg: ModelSpec,
         backend: AttentionBackend,
         tp: TensorParallel,
         dtype: torch.dtype,
@@ -89,9 +89,8 @@ class CausalLM(nn.Module):
         return self.layers[0].self_attn.num_kv_heads
 
     def kv_bytes_per_slot(self, dtype: torch.dtype | None = None) -> int:
-        return KVPool.bytes_per_slot(
-            self.config.num_layers, self.num_kv_heads_local, self.config.head_dim, dtype or self.dtype
-        )
+        """KV bytes one token takes on this rank, in the pool's dtype (the model's unless given)."""
+        return self.config.kv_bytes_per_token(self.tp.size, (dtype or self.dtype).itemsize)
 
     def create_kv_pool(self, num_slots: int, page_size: int = 1, dtype: torch.dtype | None = None) -> KVPool:
         """A KV pool shaped for this model (and TP rank), attached to its attention backend."""

@@ -159,14 +159,14 @@ def build_tp_engine(cfg, spec, requests):
         share_cpu(world)
     port = _free_port()
     ctx = mp.get_context("spawn")
-    procs = {r: ctx.Process(target=worker_main, args=(r, world, port, cfg), daemon=True, name=f"tp-rank-{r}")
+    procs = {r: ctx.Process(target=worker_main, args=(r, world, port, cfg, spec), daemon=True, name=f"tp-rank-{r}")
              for r in range(1, world)}
     for p in procs.values():
         p.start()
     sup = RankSupervisor(procs)
     try:
         group, msg_group = init_group(0, world, port, device.type == "cuda")
-        model, report = load_model_for(cfg, device, 0, world, group)
+        model, report = load_model_for(cfg, spec, device, 0, world, group)
         slots = agree_kv_slots(kv_slots(cfg, model, device), msg_group)
         create_pool(model, slots, e.page_size)
         sched = make_scheduler(cfg, spec, slots // e.page_size)

@@ -1,4 +1,4 @@
-"""A tensor-parallel rank other than 0: build the model shard, then run what rank 0 sends."""
+"""A tensor-parallel rank other than 0: build the model shard of rank 0's ModelSpec, then run what rank 0 sends."""
 from __future__ import annotations
 
 import os
@@ -32,7 +32,7 @@ def share_cpu(world: int) -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
 
 
-def worker_main(rank: int, world: int, port: int, cfg) -> None:
+def worker_main(rank: int, world: int, port: int, cfg, spec) -> None:
     # Ctrl-C reaches the whole process group; rank 0 decides when ranks stop
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
@@ -49,10 +49,10 @@ def worker_main(rank: int, world: int, port: int, cfg) -> None:
     else:
         share_cpu(world)
     group, msg_group = init_group(rank, world, port, device.type == "cuda")
-    model, _ = load_model_for(cfg, device, rank, world, group)
+    model, _ = load_model_for(cfg, spec, device, rank, world, group)
     slots = agree_kv_slots(kv_slots(cfg, model, device), msg_group)
     create_pool(model, slots, cfg.engine.page_size)
-    graphs = make_graphs(cfg, model, device, slots // cfg.engine.page_size, model.config.max_position_embeddings)
+    graphs = make_graphs(cfg, model, device, slots // cfg.engine.page_size, spec.max_context)
     pieces = make_pieces(cfg, model, device, slots // cfg.engine.page_size)
     ex = EngineExecutor(model, device, cfg.policy.max_running, graphs=graphs, pieces=pieces)
     prev = None

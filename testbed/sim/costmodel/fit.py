@@ -406,8 +406,8 @@ def fa2_shape(spec, engine, num_sms: int) -> Fa2Shape | None:
     kernel (engine.attention other than flashinfer, or the fa3 template) or the SMs are unknown."""
     if engine.attention != "flashinfer" or engine.prefill_backend != "fa2" or not num_sms:
         return None
-    kv = max(spec.num_kv_heads // engine.tp, 1)
-    return Fa2Shape(spec.num_q_heads // spec.num_kv_heads, kv, int(num_sms), engine.page_size)
+    return Fa2Shape(spec.num_q_heads // spec.num_kv_heads, spec.kv_heads_per_rank(engine.tp), int(num_sms),
+                    engine.page_size)
 
 
 def fit_profile(raw: dict, cfg, spec, name: str | None = None) -> dict:

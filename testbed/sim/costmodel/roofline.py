@@ -129,7 +129,7 @@ class RooflineCostModel:
 
         h, hd, L, dt = spec.hidden_size, spec.head_dim, spec.num_layers, spec.dtype_bytes
         qh = spec.num_q_heads // tp
-        kvh = spec.num_kv_heads // tp if spec.num_kv_heads >= tp else 1
+        kvh = spec.kv_heads_per_rank(tp)
         inter = spec.intermediate_size // tp
         vocab = -(-spec.vocab_size // tp)  # vocab-parallel shard (padded)
         self.heads_per_rank = (qh, kvh)
@@ -138,6 +138,8 @@ class RooflineCostModel:
         p_attn = h * qh * hd + 2 * h * kvh * hd + qh * hd * h
         if spec.attention_bias:
             p_attn += (qh + 2 * kvh) * hd
+        if spec.o_bias:
+            p_attn += h
         p_mlp = 3 * h * inter
         if spec.mlp_bias:
             p_mlp += 2 * inter + h
@@ -159,7 +161,7 @@ class RooflineCostModel:
         self._lin_byte_fix = (p_lin * dt + h * dt) * c_byte  # weights + final norm weight
         self._lin_byte_tok = (L * act + h) * dt * c_byte  # + embedding row gathered
         self._att_flop_pair = 4.0 * hd * qh * L * c_flop
-        self._att_byte_kv = 2.0 * kvh * hd * dt * L * c_byte  # K+V of a token, read
+        self._att_byte_kv = spec.kv_bytes_per_token(tp) * c_byte  # K+V of a token, read
         self._att_byte_new = (2.0 * kvh * hd + 2.0 * qh * hd) * dt * L * c_byte  # write kv, q, o
         self._lm_flop_row = 2.0 * vocab * h * c_flop
         self._lm_byte_fix = vocab * h * dt * c_byte
@@ -176,11 +178,6 @@ class RooflineCostModel:
         self._per_req = cfg.per_request_overhead_s
 
     # ------------------------------------------------------------------ public API
-    @property
-    def weight_bytes_per_rank(self) -> int:
-        """Weights one rank streams per step (linear layers + lm head; not the embedding)."""
-        return self.linear_weight_bytes + self.lm_head_weight_bytes
-
     def _terms(self, extend_lens, cached_lens) -> tuple[float, ...]:
         n, c = as_batch(extend_lens, cached_lens)
         b = n.shape[0]
