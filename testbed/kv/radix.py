@@ -3,8 +3,8 @@
 Each edge holds a run of token ids (a multiple of the page size) and the KV pages that
 hold them. Requests lock the node at the end of their matched prefix (a reference count on
 the whole path to the root) so nothing they use is evicted; unreferenced leaves are
-evicted in the order an eviction policy's key gives (smallest key first), computed from
-each leaf's NodeView (a snapshot of its stats).
+evicted in the order an eviction policy's key gives (smallest key first); the key reads a
+leaf only as a testbed.core.NodeView.
 """
 from __future__ import annotations
 
@@ -36,12 +36,8 @@ class RadixNode:
     def num_pages(self) -> int:
         return len(self.pages)
 
-    def view(self) -> NodeView:
-        """What an eviction order may read of this node (a snapshot, not the node)."""
-        return NodeView(self.last_access, self.hits, self.created, self.priority, len(self.pages))
 
-
-EvictionKey = Callable[[NodeView], tuple]
+EvictionKey = Callable[[NodeView], tuple]  # RadixNode has every member of NodeView
 
 
 def _common_len(a: np.ndarray, b: np.ndarray) -> int:
@@ -207,7 +203,7 @@ class RadixCache:
             if node.children:
                 stack.extend(node.children.values())
             elif node.lock_ref == 0:
-                heap.append((key(node.view()), node.nid, node))
+                heap.append((key(node), node.nid, node))
         heapq.heapify(heap)
         freed, got = [], 0
         while got < num_pages and heap:
@@ -217,7 +213,7 @@ class RadixCache:
             self._remove_leaf(node)
             parent = node.parent
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
-                heapq.heappush(heap, (key(parent.view()), parent.nid, parent))
+                heapq.heappush(heap, (key(parent), parent.nid, parent))
         self.evicted_pages_total += got
         return np.concatenate(freed) if freed else np.zeros(0, np.int64)
 
