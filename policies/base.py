@@ -1,11 +1,13 @@
 """What a scheduling policy is: an object that turns the scheduler's read-only view into a
-BatchPlan. Policies see only the view and testbed.core; the scheduler validates and
-applies what they return (allocation, eviction, preemption when KV runs out)."""
+BatchPlan. Policies see only the view (testbed.core.SchedulerView) and testbed.core; the
+scheduler validates and applies what they return (allocation, eviction, preemption when KV
+runs out)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
-from testbed.core import BatchPlan, Request
+from testbed.core import BatchPlan, Request, SchedulerView
 
 ORDERS = ("fcfs", "sjf", "lpm", "priority")
 RESERVES = ("full", "estimate")
@@ -60,23 +62,24 @@ class Policy:
         self.order = make_order(cfg.order)
         self.reserve = make_reserve(cfg)
 
-    def make_plan(self, view) -> BatchPlan:
+    def make_plan(self, view: SchedulerView) -> BatchPlan:
         """What the scheduler calls once per step."""
         self.reserve.observe(view)
         return self.plan(view)
 
-    def plan(self, view) -> BatchPlan:
+    def plan(self, view: SchedulerView) -> BatchPlan:
         raise NotImplementedError
 
-    def choose_victim(self, view, candidates: list[Request]) -> Request:
+    def choose_victim(self, view: SchedulerView, candidates: Sequence[Request]) -> Request:
         """Which running request to preempt when KV runs out: the latest admitted."""
-        return max(candidates, key=lambda r: r.admit_seq)
+        return max(candidates, key=view.admission_order)
 
     # ---- helpers shared by the policies ---------------------------------------------------
     def chunk_cap(self, budget: int) -> int:
         return min(budget, self.cfg.chunk_size) if self.cfg.chunk_size else budget
 
-    def admit(self, view, plan: BatchPlan, budget: int, kv_left: int, chunk_last_only: bool = False) -> int:
+    def admit(self, view: SchedulerView, plan: BatchPlan, budget: int, kv_left: int,
+              chunk_last_only: bool = False) -> int:
         """Admit waiting requests in queue order while they fit the token budget, the
         running cap and the KV left; returns the budget left. Stops at the first request
         that does not fit the KV (no overtaking: the order is the policy's promise).
@@ -99,6 +102,6 @@ class Policy:
                 break
         return budget
 
-    def kv_left(self, view) -> int:
+    def kv_left(self, view: SchedulerView) -> int:
         """Pages an admission may use: free + evictable, minus the running requests' reservation."""
         return view.free_pages + view.evictable_pages - self.reserve.running_pages(view)

@@ -2,6 +2,8 @@
 assumed to still need, and what a new admission needs."""
 from __future__ import annotations
 
+from testbed.core import Request, SchedulerView
+
 from policies.base import pages_for
 
 
@@ -9,16 +11,17 @@ class FullReserve:
     """Reserve every running request's remaining max tokens: never preempts (mini-SGLang)."""
     ratio = 1.0
 
-    def observe(self, view) -> None:
+    def observe(self, view: SchedulerView) -> None:
         pass
 
-    def running_pages(self, view) -> int:
+    def running_pages(self, view: SchedulerView) -> int:
         p = view.page_size
+        held = view.pages_held  # looked up once: it is called for every running request
         if p == 1:
-            return sum(r.prompt_len + r.max_new_tokens - 1 - r.num_pages for r in view.running)
-        return sum(pages_for(r.max_len - 1, p) - r.num_pages for r in view.running)
+            return sum(r.prompt_len + r.max_new_tokens - 1 - held(r) for r in view.running)
+        return sum(pages_for(r.max_len - 1, p) - held(r) for r in view.running)
 
-    def admission_pages(self, view, r, hit: int) -> int:
+    def admission_pages(self, view: SchedulerView, r: Request, hit: int) -> int:
         # the last output token is never fed back, so it needs no KV
         prompt = r.device_len
         return pages_for(prompt + int(self.ratio * (r.max_len - 1 - prompt)), view.page_size) - hit // view.page_size
@@ -33,17 +36,18 @@ class EstimateReserve(FullReserve):
         self.ratio = init
         self._seen_preemptions = 0
 
-    def observe(self, view) -> None:
+    def observe(self, view: SchedulerView) -> None:
         if view.num_preemptions > self._seen_preemptions:
             self._seen_preemptions = view.num_preemptions
             self.ratio = self.init
         else:
             self.ratio = max(self.minimum, self.ratio - self.decay)
 
-    def running_pages(self, view) -> int:
+    def running_pages(self, view: SchedulerView) -> int:
         p = view.page_size
+        held = view.pages_held
         # the known tokens in full, each request rounded up to its own pages; a share of the rest
-        known = sum(max(0, pages_for(r.device_len, p) - r.num_pages) for r in view.running)
+        known = sum(max(0, pages_for(r.device_len, p) - held(r)) for r in view.running)
         output_left = sum(r.max_len - 1 - r.device_len for r in view.running)
         return known + pages_for(int(self.ratio * output_left), p)
 

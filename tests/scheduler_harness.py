@@ -64,3 +64,31 @@ def finish_all(s: Scheduler, t: float = 0.0, max_steps: int = 10_000) -> float:
         n += 1
         assert n < max_steps
     return t
+
+
+MUTATORS = ("append", "extend", "insert", "remove", "pop", "clear", "sort", "reverse")
+
+
+def try_to_mutate(view) -> list[str]:
+    """Tries every way a policy might change a queue through the view; returns the ways that
+    are open (a mutating method there at all, or an assignment that went through)."""
+    worked = []
+    for name in ("waiting", "running"):
+        seq = getattr(view, name)
+        probe = seq[0] if len(seq) else None
+        attempts = [(m, lambda m=m: getattr(seq, m)) for m in MUTATORS]
+        attempts += [
+            ("setitem", lambda: seq.__setitem__(0, probe)),
+            ("delitem", lambda: seq.__delitem__(0)),
+            ("setslice", lambda: seq.__setitem__(slice(None), [])),
+            ("iadd", lambda: seq.__iadd__([probe])),
+            ("rebind", lambda: setattr(view, name, [])),
+            ("new attr", lambda: setattr(seq, "extra", 1)),
+        ]
+        for what, attempt in attempts:
+            try:
+                attempt()
+            except (AttributeError, TypeError):
+                continue
+            worked.append(f"{name}.{what}")
+    return worked

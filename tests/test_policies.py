@@ -328,7 +328,7 @@ def test_reservation_rounds_each_running_request_to_its_own_pages(reserve):
     add(s, req(0, 16, 3), req(1, 16, 3), req(2, 16, 3))
     step(s)
     v = s.view(0.0)
-    assert [(r.device_len, r.num_pages) for r in v.running] == [(17, 1)] * 3
+    assert [(r.device_len, v.pages_held(r)) for r in v.running] == [(17, 1)] * 3
     assert s.policy.reserve.running_pages(v) >= 3
 
 
@@ -351,7 +351,7 @@ class EarliestVictim(PrefillFirst):
     name = "earliest_victim"
 
     def choose_victim(self, view, candidates):
-        return min(candidates, key=lambda r: r.admit_seq)
+        return min(candidates, key=view.admission_order)
 
 
 def tight_policy(cls=None):

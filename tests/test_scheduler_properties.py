@@ -10,6 +10,8 @@ policies, orders, reservations, eviction orders and caches. After every operatio
   token) is written when a step is planned, and each running request's first cached_len
   slots must still hold its own tokens; every page in the tree must hold what the tree says;
 - 0 <= cached_len <= device_len <= max length for every request;
+- the policy's view is read-only: every way of changing its queues fails, and it shows the
+  scheduler's queues as they are;
 - the plan respects the policy's budgets, max_running, and prefill_first never mixes;
 - reserve=full never preempts.
 At the end, every request is terminal with the right outputs and no page is leaked.
@@ -24,7 +26,7 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from policies import ORDERS, RESERVES, eviction_names
-from scheduler_harness import make_scheduler, run_all, synthetic_tokens
+from scheduler_harness import make_scheduler, run_all, synthetic_tokens, try_to_mutate
 from testbed.core import Request, RequestState, StepResult
 
 POLICIES = ["prefill_first", "decode_first", "chunked"]
@@ -118,6 +120,17 @@ class Checked:
                 assert not node.children, "evicting a node that is not a leaf"
                 remove(node)
             self.s.cache._remove_leaf = checked_remove
+        make_plan = self.s.policy.make_plan
+
+        def checked_make_plan(view):
+            s = self.s
+            before = (list(s.waiting), list(s.running))
+            assert try_to_mutate(view) == [], "the view lets a policy change the queues"
+            assert (list(s.waiting), list(s.running)) == before
+            assert list(view.waiting) == s.waiting
+            assert [r for r in s.running if any(r is v for v in view.running)] == list(view.running)
+            return make_plan(view)
+        self.s.policy.make_plan = checked_make_plan
 
     # ---- operations ----------------------------------------------------------------------
     def arrive(self, prefix, own, max_new, priority, eos):

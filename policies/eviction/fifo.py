@@ -1,3 +1,6 @@
-def key(node):
+from testbed.core import NodeView
+
+
+def key(node: NodeView) -> tuple:
     """Oldest inserted first, however often it was used."""
     return (node.created,)

@@ -1,4 +1,4 @@
-from testbed.core import BatchPlan
+from testbed.core import BatchPlan, SchedulerView
 
 from policies.base import Policy
 
@@ -13,7 +13,7 @@ class DecodeFirst(Policy):
     def step_budget(self) -> int:
         return self.cfg.max_prefill_tokens
 
-    def plan(self, view) -> BatchPlan:
+    def plan(self, view: SchedulerView) -> BatchPlan:
         plan = BatchPlan()
         budget = self.step_budget()
         prefilling = []

@@ -1,4 +1,4 @@
-from testbed.core import BatchPlan
+from testbed.core import BatchPlan, SchedulerView
 
 from policies.base import Policy
 
@@ -10,7 +10,7 @@ class PrefillFirst(Policy):
     decode batch of every running request. Prefill and decode never mix."""
     name = "prefill_first"
 
-    def plan(self, view) -> BatchPlan:
+    def plan(self, view: SchedulerView) -> BatchPlan:
         plan = BatchPlan()
         budget = self.cfg.max_prefill_tokens
         for r in view.running:  # a prompt chunked in an earlier step goes on first

@@ -74,14 +74,14 @@ class Request:
     preempt_times: list = field(default_factory=list)
     finish_time: float | None = None
 
-    # scheduler bookkeeping (not for policies)
+    # scheduler bookkeeping (not for policies: they read what they need through SchedulerView)
     slot: int = -1  # row in the page table while RUNNING
-    num_pages: int = 0  # pages mapped for this request (shared prefix + own)
+    num_pages: int = 0  # pages mapped for this request (shared prefix + own); view.pages_held
     cache_owned_len: int = 0  # leading tokens whose pages belong to the prefix cache
     cache_node: object = None  # locked prefix-cache node, or None
     pending_tokens: int = 0  # sampled tokens scheduled but not yet delivered
     inflight: int = 0  # steps in flight that touch this request
-    admit_seq: int = -1  # order of (re)admission; default preemption victim is the largest
+    admit_seq: int = -1  # order of (re)admission (view.admission_order); default preemption victim is the largest
     queued: bool = False  # in the scheduler's waiting queue
     plan_stamp: int = -1  # last step whose plan named it (duplicate check)
 

@@ -3,7 +3,8 @@
 Each edge holds a run of token ids (a multiple of the page size) and the KV pages that
 hold them. Requests lock the node at the end of their matched prefix (a reference count on
 the whole path to the root) so nothing they use is evicted; unreferenced leaves are
-evicted in the order an eviction policy's key gives (smallest key first).
+evicted in the order an eviction policy's key gives (smallest key first); the key reads a
+leaf only as a testbed.core.NodeView.
 """
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import heapq
 from typing import Callable
 
 import numpy as np
+
+from testbed.core import NodeView
 
 
 class RadixNode:
@@ -34,7 +37,7 @@ class RadixNode:
         return len(self.pages)
 
 
-EvictionKey = Callable[[RadixNode], tuple]
+EvictionKey = Callable[[NodeView], tuple]  # RadixNode has every member of NodeView
 
 
 def _common_len(a: np.ndarray, b: np.ndarray) -> int:

@@ -1,5 +1,5 @@
-"""The scheduler core: queues, KV manager, prefix cache; policies plan, it applies."""
+"""The scheduler core: queues, KV manager, prefix cache; policies plan, it applies. The view
+it hands policies is typed in testbed.core (SchedulerView)."""
 from testbed.scheduler.scheduler import PlanError, Scheduler, SchedulerConfig, StepStats
-from testbed.scheduler.view import SchedulerView
 
-__all__ = ["Scheduler", "SchedulerConfig", "SchedulerView", "StepStats", "PlanError"]
+__all__ = ["Scheduler", "SchedulerConfig", "StepStats", "PlanError"]

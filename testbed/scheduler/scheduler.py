@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from testbed.core import BatchPlan, Request, RequestState, StepResult
+from testbed.core import BatchPlan, Request, RequestState, SchedulerView, StepResult
 from testbed.kv import PageAllocator, PageTable, check_kv_integrity, make_prefix_cache
-from testbed.scheduler.view import SchedulerView
+from testbed.scheduler.view import ReadOnlySequence, StepView
 
 log = logging.getLogger(__name__)
 
@@ -131,14 +131,13 @@ class Scheduler:
     # ---- one step ---------------------------------------------------------------------
     def view(self, now: float) -> SchedulerView:
         # Only with a step in flight can a running request have all its tokens scheduled
-        # (its last one pending); the queues are handed over as they are, not copied:
-        # policies must treat them as read-only.
+        # (its last one pending). The queues go out behind read-only windows, not copied.
         running = self.running
         if self.inflight_steps:
             running = [r for r in running if r.device_len < r.prompt_len + r.max_new_tokens]
-        return SchedulerView(now, self.step_id, self.waiting, running, self.page_size,
-                             self.cfg.num_pages, self.allocator.free_pages, self.cache.evictable_pages,
-                             self.num_preemptions, self.cache.peek_cost)
+        return StepView(now, self.step_id, ReadOnlySequence(self.waiting), ReadOnlySequence(running),
+                        self.page_size, self.cfg.num_pages, self.allocator.free_pages,
+                        self.cache.evictable_pages, self.num_preemptions, self.cache.peek_cost)
 
     def schedule(self, now: float) -> BatchPlan | None:
         """Plan and apply the next step, or None if there is nothing to run now."""
