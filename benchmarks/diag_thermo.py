@@ -16,7 +16,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 from diag_cell import ROOT, pop_out
 

@@ -419,9 +419,9 @@ def test_policy_can_preempt_through_the_plan():
     s = Scheduler(SchedulerConfig(num_pages=256, check_every_step=True), pol, eviction_key("lru"))
     reqs = add(s, req(0, 6, 5), req(1, 6, 5))
     for _ in range(3):
-        step(s)
+        plan, _ = step(s)
     assert reqs[0].state == RequestState.PREEMPTED and reqs[0].num_preemptions == 1
-    assert s.stats.preempted == 1
+    assert s.stats_of(plan).preempted == 1
     finish_all(s)
     assert_all_finished(reqs)
 

@@ -24,7 +24,7 @@ def no_leak(s):
     assert counts["free"] + counts["cached"] == counts["total"]
     assert s.cache.evictable_pages == s.cache.cached_pages
     assert s.page_table.num_free_rows == s.policy.cfg.max_running
-    assert not s.running and not s.waiting and not s._held
+    assert not s.running and not s.waiting and not s.live_requests()
 
 
 def expected_tokens(r):
@@ -39,7 +39,7 @@ def test_over_context_is_rejected_with_the_reason_and_nothing_hangs():
     run_all(s, [bad, ok])
     assert bad.state == RequestState.REJECTED and bad.finish_reason == "rejected"
     assert "prompt 40 + max_new_tokens 20 tokens exceeds the model context 50" in bad.reject_reason
-    assert bad.finish_time == 0.0 and bad.slot == -1 and not bad.output_ids
+    assert bad.finish_time == 0.0 and bad.row == -1 and not bad.output_ids
     assert ok.state == RequestState.FINISHED and len(ok.output_ids) == 10
     assert s.done[0] is bad
     no_leak(s)
@@ -74,7 +74,7 @@ def test_abort_waiting_request():
     step(s)
     s.abort(b, 0.02)
     assert b.state == RequestState.ABORTED and b.finish_reason == "abort" and b.finish_time == 0.02
-    assert b not in s.waiting and b.slot == -1 and b.cached_len == 0
+    assert b not in s.waiting and b.row == -1 and b.cached_len == 0
     finish_all(s)
     assert a.state == RequestState.FINISHED
     no_leak(s)
@@ -88,7 +88,7 @@ def test_abort_running_request_between_steps_releases_its_kv(name):
     step(s), step(s), step(s)
     assert a.state == RequestState.RUNNING
     s.abort(a, 0.1)
-    assert a.state == RequestState.ABORTED and a.slot == -1
+    assert a.state == RequestState.ABORTED and a.row == -1
     assert a not in s.running
     s.check_integrity()
     # its computed prefix went to the cache, unreferenced
@@ -115,14 +115,14 @@ def test_abort_in_flight_keeps_kv_until_complete_and_never_double_frees(name, wh
     s.abort(a, 0.105)
     assert a.state == RequestState.ABORTED and a.is_done
     # the step that uses a's KV is still running: nothing of a's is released yet
-    assert a.slot >= 0 and a.num_pages == held_pages
+    assert a.row >= 0 and a.num_pages == held_pages
     assert (s.allocator.free_pages, s.cache.cached_pages) == (free, cached)
     s.check_integrity()
     assert a not in s.running and a not in s.view(0.105).running
     s.abort(a, 0.106)  # a second abort is a no-op
     ended = s.complete(plan, StepResult(0.01, toks), 0.11)
     assert a not in ended  # it ended at the abort, not here
-    assert a.slot == -1 and a.num_pages == 0
+    assert a.row == -1 and a.num_pages == 0
     assert a.pending_tokens == 0 and a.inflight == 0
     assert len(a.output_ids) == (1 if when == "decode" else 0), "the in-flight token is dropped"
     assert a.device_len == a.prompt_len + len(a.output_ids)
@@ -144,10 +144,10 @@ def test_abort_of_a_request_in_two_overlapping_steps():
     assert a.inflight == 2 and a.pending_tokens == 2
     s.abort(a, 0.015)
     s.complete(p1, StepResult(0.01, t1), 0.02)
-    assert a.slot >= 0, "still used by the second step"
+    assert a.row >= 0, "still used by the second step"
     s.check_integrity()
     s.complete(p2, StepResult(0.01, t2), 0.03)
-    assert a.slot == -1 and a.output_ids == [] and a.device_len == a.prompt_len
+    assert a.row == -1 and a.output_ids == [] and a.device_len == a.prompt_len
     no_leak(s)
 
 
@@ -226,8 +226,8 @@ def test_step_stats_count_prefill_and_decode():
     s.add_request(req(0, 4, 5), 0.0)
     step(s)
     s.add_request(req(1, 30, 5), 0.0)
-    step(s)
-    st = s.stats
+    plan, _ = step(s)
+    st = s.stats_of(plan)
     assert (st.decode_reqs, st.decode_tokens, st.prefill_reqs, st.prefill_tokens, st.admitted) == (1, 1, 1, 9, 1)
 
 
@@ -243,8 +243,8 @@ def test_radix_shares_a_prefix_between_running_requests():
     plan, _ = step(s)
     assert items(plan) == [(1, 8)] and b.prefix_hit_tokens == 32
     # both page-table rows point at the same pages for the shared 32 tokens
-    pa = s.page_table.read(a.slot, 0, 32)
-    assert (pa == s.page_table.read(b.slot, 0, 32)).all()
+    pa = s.page_table.read(a.row, 0, 32)
+    assert (pa == s.page_table.read(b.row, 0, 32)).all()
     s.check_integrity()
     finish_all(s)
     no_leak(s)
@@ -326,7 +326,7 @@ def test_running_request_prefix_is_never_evicted_under_pressure():
     a = req(0, 0, 30, ids=shared(X, 0, 2))
     s.add_request(a, 0.0)
     step(s), step(s)
-    assert a.cache_owned_len == 22  # two chunks (16 + 6): the whole prompt is shared and locked
+    assert a.shared_len == 22  # two chunks (16 + 6): the whole prompt is shared and locked
     t = 0.1
     for i in range(1, 8):  # strangers churn the rest of the pool through the cache
         s.add_request(req(i, 10, 2), t)
@@ -334,7 +334,7 @@ def test_running_request_prefix_is_never_evicted_under_pressure():
             step(s, t)
             t += 0.01
             s.check_integrity()
-            assert s.cache.peek(a.prompt_ids) >= a.cache_owned_len
+            assert s.cache.peek(a.prompt_ids) >= a.shared_len
     assert s.cache.evicted_pages_total > 0
     finish_all(s, t)
     assert a.output_ids == expected_tokens(a)
@@ -395,11 +395,11 @@ def test_overlap_admission_without_a_free_row_is_dropped_not_half_applied():
     p1 = s.schedule(0.0)
     t1 = synthetic_tokens(p1)
     s.add_request(b, 0.0), s.add_request(c, 0.0)
-    row_a = s.page_table.read(a.slot, 0, 4).copy()
+    row_a = s.page_table.read(a.row, 0, 4).copy()
     p2 = s.schedule(0.01)  # plans b and c; one row is free
-    assert items(p2) == [(1, 4)] and s.stats.deferred == 1
-    assert c.state == RequestState.WAITING and c.slot == -1 and c.cached_len == 0 and c.inflight == 0
-    assert (s.page_table.read(a.slot, 0, 4) == row_a).all()
+    assert items(p2) == [(1, 4)] and s.stats_of(p2).deferred == 1
+    assert c.state == RequestState.WAITING and c.row == -1 and c.cached_len == 0 and c.inflight == 0
+    assert (s.page_table.read(a.row, 0, 4) == row_a).all()
     s.check_integrity()
     t2 = synthetic_tokens(p2)
     s.complete(p1, StepResult(0.01, t1), 0.02)
@@ -425,8 +425,8 @@ def test_integrity_check_catches_a_freed_page_still_in_use():
     s.add_request(r, 0.0)
     step(s), step(s)
     s.check_integrity()
-    assert len(s._own_pages(r)) == 1  # the decode's page; the prompt's are in the tree
-    s.allocator.free(s._own_pages(r))  # a bug would do this
+    assert len(s.kv.own_pages(r)) == 1  # the decode's page; the prompt's are in the tree
+    s.allocator.free(s.kv.own_pages(r))  # a bug would do this
     with pytest.raises(IntegrityError):
         s.check_integrity()
 
@@ -437,7 +437,7 @@ def test_integrity_check_catches_a_lost_shared_prefix():
     r = req(0, 0, 5, ids=shared(X, 0, 1))
     s.add_request(r, 0.0)
     step(s)
-    assert r.cache_owned_len == 17
+    assert r.shared_len == 17
     r.cache_node.lock_ref = 0  # a bug forgets the lock: the prefix becomes evictable ...
     s.cache.evictable_pages += r.cache_node.num_pages
     s.allocator.free(s.cache.evict(100))  # ... and goes while r still reads it
@@ -460,7 +460,7 @@ def test_check_every_step_runs_the_check():
     r = req(0, 8, 5)
     s.add_request(r, 0.0)
     step(s)
-    s.allocator.free(s._own_pages(r)[:1])
+    s.allocator.free(s.kv.own_pages(r)[:1])
     with pytest.raises(IntegrityError):
         step(s)
 
@@ -475,7 +475,7 @@ def test_one_token_last_chunk_still_shares_the_prompt():
         step(s, 0.0)
     assert a.output_ids and a.cached_len == 15 and a.state.name == "RUNNING"
     assert s.cache.peek(a.prompt_ids) == 15  # shared while a is still running
-    assert a.cache_owned_len == 15
+    assert a.shared_len == 15
 
 
 def test_token_slice_equals_token_ids_slices():

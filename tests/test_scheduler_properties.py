@@ -160,7 +160,7 @@ class Checked:
         self.check_plan(plan, decode_ready, running_before)
         # the step writes KV for positions [cached_before, cached_before + n) of each item
         for r, n, c in zip(plan.reqs, plan.num_tokens, plan.cached_lens.tolist()):
-            slots = s.page_table.read(r.slot, c, c + n).tolist()
+            slots = s.page_table.read(r.row, c, c + n).tolist()
             for p, slot in zip(range(c, c + n), slots):
                 self.kv[slot] = (p, token_at(r, p))
         self.inflight.append((plan, synthetic_tokens(plan)))
@@ -214,9 +214,9 @@ class Checked:
             assert plan.total_tokens <= cfg.max_prefill_tokens
         else:
             assert plan.total_tokens <= cfg.token_budget
-        if s.stats.preempted:
+        if s.stats_of(plan).preempted:
             event("preempted")
-        if s.stats.evicted_pages:
+        if s.stats_of(plan).evicted_pages:
             event("evicted")
         if any(plan.cached_lens > 0) and prefill_tokens:
             event("chunk or prefix hit")
@@ -230,10 +230,10 @@ class Checked:
             assert len(r.output_ids) + r.pending_tokens <= r.max_new_tokens
             assert r.device_len == r.prompt_len + len(r.output_ids) + r.pending_tokens
             if r.state in (RequestState.WAITING, RequestState.PREEMPTED):
-                assert r.slot == -1 and r.cached_len == 0 and r.num_pages == 0
+                assert r.row == -1 and r.cached_len == 0 and r.num_pages == 0
         # a live request's KV is still there: its slots hold its own tokens
         for r in s.live_requests():
-            slots = s.page_table.read(r.slot, 0, r.cached_len).tolist()
+            slots = s.page_table.read(r.row, 0, r.cached_len).tolist()
             for p, slot in enumerate(slots):
                 assert self.kv.get(slot) == (p, token_at(r, p)), f"request {r.rid} lost KV at position {p}"
         # the tree's pages hold what the tree says they hold
@@ -256,11 +256,11 @@ class Checked:
         assert counts["in_use"] == 0 and counts["free"] + counts["cached"] == counts["total"]
         assert s.cache.evictable_pages == s.cache.cached_pages, "cached pages still locked at the end"
         assert s.page_table.num_free_rows == self.cfg.max_running
-        assert not s.running and not s.waiting and not s._held and s.inflight_steps == 0
+        assert not s.running and not s.waiting and not s.live_requests() and s.inflight_steps == 0
         assert len(s.done) == len(self.reqs)
         for r in self.reqs:
             assert r.is_done, r
-            assert r.slot == -1 and r.cache_node is None and r.pending_tokens == 0 and r.inflight == 0
+            assert r.row == -1 and r.cache_node is None and r.pending_tokens == 0 and r.inflight == 0
             want = [token_at(r, r.prompt_len + i) for i in range(len(r.output_ids))]
             assert r.output_ids == want
             assert len(r.token_times) == len(r.output_ids)

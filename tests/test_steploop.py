@@ -98,7 +98,7 @@ class Counting:
 
     def _shadow(self, plan):
         table = self.sched.page_table
-        items = [(r, n, c, table.read(r.slot, 0, c + n).tolist())
+        items = [(r, n, c, table.read(r.row, 0, c + n).tolist())
                  for r, n, c in zip(plan.reqs, plan.num_tokens, plan.cached_lens.tolist())]
         for r, n, c, slots in items:  # reads first: no item reads what another writes in this step
             for p in range(c):
@@ -283,7 +283,7 @@ def check_no_kv_held(sched):
     counts = sched.check_integrity()
     assert counts["in_use"] == 0 and counts["free"] + counts["cached"] == counts["total"]
     assert sched.cache.evictable_pages == sched.cache.cached_pages, "cached pages still locked"
-    assert sched.inflight_steps == 0 and not sched.running and not sched.waiting and not sched._held
+    assert sched.inflight_steps == 0 and not sched.running and not sched.waiting and not sched.live_requests()
 
 
 def check_token_times(r, driver):
@@ -312,7 +312,7 @@ def test_random_workloads_finish_with_their_length(w):
     for r in reqs:
         assert r.state == RequestState.FINISHED and r.finish_reason == "length", (r.rid, r.state, r.reject_reason)
         assert len(r.output_ids) == r.max_new_tokens
-        assert r.pending_tokens == 0 and r.inflight == 0 and r.slot == -1
+        assert r.pending_tokens == 0 and r.inflight == 0 and r.row == -1
         check_token_times(r, driver)
         assert r.finish_time == r.token_times[-1]
         if r.num_preemptions:
@@ -338,7 +338,7 @@ def test_aborts_while_steps_are_in_flight(w, decisions):
     check_steps(driver, sched, ex)
     assert len(sched.done) == len(reqs)
     for r in reqs:
-        assert r.pending_tokens == 0 and r.inflight == 0 and r.slot == -1 and r.cache_node is None
+        assert r.pending_tokens == 0 and r.inflight == 0 and r.row == -1 and r.cache_node is None
         check_token_times(r, driver)
         if r.rid in ex.aborts:
             t_abort, n_then = ex.aborts[r.rid]
@@ -365,7 +365,7 @@ def test_eos_under_overlap_drops_the_token_in_flight(w):
     check_no_kv_held(sched)
     check_steps(driver, sched, ex)
     for (_, _, max_new, _, eos_at), r in zip(w.reqs, reqs):
-        assert r.pending_tokens == 0 and r.inflight == 0 and r.slot == -1
+        assert r.pending_tokens == 0 and r.inflight == 0 and r.row == -1
         check_token_times(r, driver)
         assert r.output_ids == [sim_token(r.rid, r.prompt_len, k) for k in range(len(r.output_ids))]
         if 0 <= eos_at < max_new - 1:

@@ -75,9 +75,9 @@ class Request:
     finish_time: float | None = None
 
     # scheduler bookkeeping (not for policies: they read what they need through SchedulerView)
-    slot: int = -1  # row in the page table while RUNNING
+    row: int = -1  # its page-table row while it holds KV
     num_pages: int = 0  # pages mapped for this request (shared prefix + own); view.pages_held
-    cache_owned_len: int = 0  # leading tokens whose pages belong to the prefix cache
+    shared_len: int = 0  # leading tokens on pages the prefix cache holds (shared, locked)
     cache_node: object = None  # locked prefix-cache node, or None
     pending_tokens: int = 0  # sampled tokens scheduled but not yet delivered
     inflight: int = 0  # steps in flight that touch this request

@@ -38,7 +38,7 @@ def build_host_batch(plan: BatchPlan, page_table: np.ndarray, page_size: int) ->
     pending_at, pending_rows = [], []
     kv_parts = []
     for i, (r, n, c) in enumerate(zip(reqs, ns, cached)):
-        kv_parts.append(page_table[r.slot, : c + n])
+        kv_parts.append(page_table[r.row, : c + n])
         known = r.prompt_len + len(r.output_ids)
         q0 = int(qo_indptr[i])
         if c + n <= known:
@@ -49,13 +49,13 @@ def build_host_batch(plan: BatchPlan, page_table: np.ndarray, page_size: int) ->
         else:  # a decode whose input is the token sampled by a step in flight
             assert n == 1 and c == known, (r.rid, n, c, known)
             pending_at.append(q0)
-            pending_rows.append(r.slot)
+            pending_rows.append(r.row)
     kv_indices = np.concatenate(kv_parts) if kv_parts else np.zeros(0, np.int64)
     # positions: c, c+1, ..., c+n-1 per request, vectorised
     positions = np.arange(T, dtype=np.int64) - np.repeat(qo_indptr[:-1].astype(np.int64) - plan.cached_lens, ext)
     out_loc = kv_indices[np.repeat(kv_indptr[1:] - ext, ext) + (np.arange(T) - np.repeat(qo_indptr[:-1], ext))]
     sample_idx = np.flatnonzero(plan.samples)
-    sample_rows = np.fromiter((reqs[i].slot for i in sample_idx), np.int64, len(sample_idx))
+    sample_rows = np.fromiter((reqs[i].row for i in sample_idx), np.int64, len(sample_idx))
     sample_steps = np.fromiter((reqs[i].device_len - 1 - reqs[i].prompt_len for i in sample_idx), np.int64,
                                len(sample_idx))
     is_decode = bool(np.all(ext == 1))

@@ -1,0 +1,101 @@
+"""The running requests' side of a step: advancing their ledger when a plan is applied, and
+applying its result: tokens delivered, requests ended on length or EOS, a finished
+prefill shared, and KV released once no step in flight uses it."""
+from __future__ import annotations
+
+import numpy as np
+
+from testbed.core import BatchPlan, Request, RequestState
+from testbed.scheduler.cache_manager import CacheManager
+
+
+class DecodeManager:
+    def __init__(self, running: list[Request], done: list[Request], kv: CacheManager):
+        self.running = running  # the scheduler's, in admission order
+        self.done = done  # the scheduler's, in the order they ended
+        self.kv = kv
+        self.ending: list[Request] = []  # ended, but a step in flight still uses their KV
+
+    def live(self) -> list[Request]:
+        """Every request holding a row."""
+        return self.running + self.ending
+
+    def advance(self, plan: BatchPlan, now: float) -> tuple[int, int, int]:
+        """Move each item's KV on by its tokens; an item that reaches its known tokens
+        samples one (pending until its step completes). Fills plan.cached_lens and
+        plan.samples; returns (decodes, prefill items, prefill tokens)."""
+        cached, samples = [], []
+        n_dec = pre_reqs = pre_tok = 0
+        for r, n in zip(plan.reqs, plan.num_tokens):
+            c = r.cached_len
+            cached.append(c)
+            d = r.device_len
+            if n == 1 and c == d - 1 and d > r.prompt_len:  # a decode
+                n_dec += 1
+            else:
+                pre_reqs += 1
+                pre_tok += n
+                r.chunk_times.append((now, n))
+                if r.first_scheduled is None:
+                    r.first_scheduled = now
+            c += n
+            r.cached_len = c
+            if c == d:
+                samples.append(True)
+                r.device_len = d + 1
+                r.pending_tokens += 1
+            else:
+                samples.append(False)
+            r.inflight += 1
+        plan.cached_lens = np.array(cached, np.int64)
+        plan.samples = np.array(samples, bool)
+        return n_dec, pre_reqs, pre_tok
+
+    def complete(self, plan: BatchPlan, tokens: np.ndarray, now: float) -> list[Request]:
+        """Deliver a finished step's tokens (one per sampling item); returns the requests
+        that ended in it."""
+        ended = []
+        toks = iter(tokens.tolist())
+        TERMINAL = RequestState.FINISHED  # FINISHED, ABORTED, REJECTED are the largest states
+        for r, n, s, c in zip(plan.reqs, plan.num_tokens, plan.samples.tolist(), plan.cached_lens.tolist()):
+            r.inflight -= 1
+            if s:
+                tok = next(toks)
+                r.pending_tokens -= 1
+                if r.state >= TERMINAL:  # ended (abort, EOS) while this step was in flight: drop the token
+                    r.device_len -= 1
+                    r.cached_len = min(r.cached_len, r.device_len)  # no KV beyond the known tokens
+                else:
+                    out = r.output_ids
+                    out.append(tok)
+                    r.token_times.append(now)
+                    if r.first_token is None:
+                        r.first_token = now
+                    if len(out) >= r.max_new_tokens:
+                        self.running.remove(r)
+                        self.end(r, RequestState.FINISHED, "length", now)
+                        ended.append(r)
+                    elif not r.ignore_eos and tok in r.eos_token_ids:
+                        self.running.remove(r)
+                        self.end(r, RequestState.FINISHED, "eos", now)
+                        ended.append(r)
+                    elif n > 1 or c < r.prompt_len:  # this step finished a prefill (even a 1-token chunk)
+                        self.kv.share_prefill(r)
+            if r.state >= TERMINAL and r.row >= 0 and not r.inflight:
+                self.kv.release(r)
+        if self.ending:
+            self.ending = [r for r in self.ending if r.row >= 0]
+        return ended
+
+    def end(self, r: Request, state: RequestState, reason: str, now: float) -> None:
+        """Make r terminal (already out of the queues); its KV goes now, or when the last
+        step in flight that uses it completes."""
+        r.state = state
+        r.finish_reason = reason
+        r.finish_time = now
+        self.done.append(r)
+        if r.row >= 0:
+            if r.inflight:
+                self.ending.append(r)
+            else:
+                self.kv.release(r)
