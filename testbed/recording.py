@@ -23,6 +23,6 @@ def record_step(log: StepLog, sched, plan: BatchPlan, start: float, end: float, 
         decode_reqs=st.decode_reqs, decode_tokens=st.decode_tokens,
         context_tokens=int(plan.cached_lens.sum()) + plan.total_tokens,
         running=len(sched.running), waiting=len(sched.waiting),
-        pages_used=sched.cfg.num_pages - free - cached, pages_cached=cached, pages_free=free,
+        pages_used=sched.kv.owned_pages, pages_cached=cached, pages_free=free,
         evicted_pages=st.evicted_pages, preempted=st.preempted, admitted=st.admitted,
     )

@@ -455,6 +455,39 @@ def test_integrity_check_catches_lengths_out_of_order():
         s.check_integrity()
 
 
+def test_own_pages_are_counted_apart_from_the_pool():
+    """pages_used (steps.parquet) is the count of pages handed to requests and not given back,
+    not the pool's total minus free minus cached: a page lost from a row shows up."""
+    s = make_scheduler("chunked", check=False)
+    r = req(0, 8, 5)
+    s.add_request(r, 0.0)
+    step(s), step(s)
+    total = s.cfg.num_pages
+    assert s.kv.owned_pages == len(s.kv.own_pages(r)) == s.check_integrity()["in_use"] == 1
+    assert s.kv.owned_pages + s.cache.cached_pages + s.allocator.free_pages == total
+    s.allocator.free(s.kv.own_pages(r))  # a bug frees a page r still holds
+    assert s.kv.owned_pages + s.cache.cached_pages + s.allocator.free_pages == total + 1  # the record shows it
+    with pytest.raises(IntegrityError):
+        s.check_integrity()
+
+
+def test_steps_record_used_cached_and_free_pages_that_add_up(tmp_path):
+    """Each count from its own source; their sum is the pool on every step of a run that evicts
+    and preempts."""
+    import pandas as pd
+
+    from testbed.config import compose
+    from testbed.run import run
+    cfg = compose(["trace=sharegpt", "trace.num_requests=200", "trace.rate=200", "policy=chunked",
+                   "policy.reserve=estimate", "engine.num_pages=3000", "progress=false"])
+    s = run(cfg, str(tmp_path / "run"), print_table=False)
+    steps = pd.read_parquet(tmp_path / "run/steps.parquet")
+    assert steps["evicted_pages"].sum() > 0 and steps["preempted"].sum() > 0
+    total = steps["pages_used"] + steps["pages_cached"] + steps["pages_free"]
+    assert (total == s["kv"]["num_pages"]).all()
+    assert steps["pages_used"].max() > 0 and steps["pages_cached"].max() > 0
+
+
 def test_check_every_step_runs_the_check():
     s = make_scheduler("chunked", check=True, cache="none")
     r = req(0, 8, 5)

@@ -3,13 +3,16 @@ prefix locked and mapped into its row at admission, its computed KV shared back 
 cache, its own pages freed, and eviction when the pool runs short.
 
 A request's row holds `shared_len` leading tokens on pages the cache holds (locked through
-`cache_node`), then its own pages up to `num_pages`."""
+`cache_node`), then its own pages up to `num_pages`. `owned_pages` counts the requests' own
+pages as they are handed out and given up, apart from the pool's and the cache's counts, so a
+step's record of used + cached + free pages can disagree with the pool's total when a page is
+lost."""
 from __future__ import annotations
 
 import numpy as np
 
 from testbed.core import Request
-from testbed.kv import PageAllocator, check_kv_integrity
+from testbed.kv import IntegrityError, PageAllocator, check_kv_integrity
 from testbed.scheduler.rows import RowManager
 
 
@@ -19,6 +22,7 @@ class CacheManager:
         self.allocator = allocator
         self.rows = rows
         self.page_size = rows.page_size
+        self.owned_pages = 0  # the requests' own pages (not the cache's), counted at every hand-over
 
     @property
     def available_pages(self) -> int:
@@ -55,6 +59,7 @@ class CacheManager:
         ids = self._insert(r)
         if ids is None:
             return
+        self.owned_pages -= (len(ids) - r.shared_len) // self.page_size  # now the cache's, or freed copies
         node, got, tree_pages = self.cache.match(ids, r.priority, count_hit=False)
         assert got == len(ids), (got, len(ids))
         self.rows.write(r, 0, self.allocator.slots_of(tree_pages))
@@ -65,6 +70,7 @@ class CacheManager:
 
     def release(self, r: Request) -> None:
         """Share r's computed KV, free the rest of its pages, give up its lock and row."""
+        self.owned_pages -= r.num_pages - r.shared_len // self.page_size  # shared back, or freed
         ids = self._insert(r)
         own_from = r.shared_len if ids is None else len(ids)
         self.allocator.free(self.rows.pages(r, own_from, r.num_pages * self.page_size))
@@ -102,7 +108,9 @@ class CacheManager:
             freed = self.cache.evict(short)
             self.allocator.free(freed)
             evicted = len(freed)
-        return self.allocator.alloc(n), evicted
+        pages = self.allocator.alloc(n)
+        self.owned_pages += len(pages)  # each goes into a request's row (PrefillAdder.fit)
+        return pages, evicted
 
     def own_pages(self, r: Request) -> np.ndarray:
         return self.rows.pages(r, r.shared_len, r.num_pages * self.page_size)
@@ -126,4 +134,8 @@ class CacheManager:
         for r in waiting:
             if r.row != -1 or r.cached_len != 0:
                 raise AssertionError(f"waiting request {r.rid} holds KV")
-        return check_kv_integrity(self.allocator, self.cache, owned, shared)
+        counts = check_kv_integrity(self.allocator, self.cache, owned, shared)
+        if counts["in_use"] != self.owned_pages:
+            raise IntegrityError(f"the requests hold {counts['in_use']} own pages; {self.owned_pages} were counted "
+                                 f"handed out and not given back")
+        return counts

@@ -47,7 +47,7 @@ STEPS_SCHEMA = pa.schema([
     ("context_tokens", pa.int64()),  # KV tokens the step's attention reads
     ("running", pa.int64()),
     ("waiting", pa.int64()),
-    ("pages_used", pa.int64()),  # held by requests (own + shared prefix)
+    ("pages_used", pa.int64()),  # the requests' own pages (their shared prefixes are in pages_cached)
     ("pages_cached", pa.int64()),  # held by the prefix cache
     ("pages_free", pa.int64()),
     ("evicted_pages", pa.int64()),
