@@ -9,14 +9,13 @@ import sys
 from pathlib import Path
 
 import pandas as pd
-import pyarrow.parquet as pq
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def cli(*args, cwd=None, timeout=300):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def cli(*args, cwd=None, timeout=300, env=None):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.run([sys.executable, "-m", "testbed.run", *args, "progress=false"], cwd=cwd or ROOT,
                           capture_output=True, text=True, timeout=timeout, env=env)
 
@@ -49,13 +48,15 @@ def test_default_run_writes_three_files(tmp_path):
 
 
 def test_same_config_same_bytes(tmp_path):
-    for d in ("a", "b"):
+    """Two processes (with different hash seeds: no dict or set order may leak into the
+    results) write byte-identical Parquet files and the same metrics."""
+    for d, seed in (("a", "1"), ("b", "2")):
         ok(cli("trace=mooncake_synthetic", "trace.num_requests=150", "policy.order=lpm",
-               f"hydra.run.dir={tmp_path / d}"))
-    a = pq.read_table(tmp_path / "a" / "requests.parquet")
-    b = pq.read_table(tmp_path / "b" / "requests.parquet")
-    assert a.equals(b)
-    assert pq.read_table(tmp_path / "a" / "steps.parquet").equals(pq.read_table(tmp_path / "b" / "steps.parquet"))
+               f"hydra.run.dir={tmp_path / d}", env={"PYTHONHASHSEED": seed}))
+    for f in ("requests.parquet", "steps.parquet"):
+        assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes(), f
+    metrics = [json.loads((tmp_path / d / "summary.json").read_text())["metrics"] for d in ("a", "b")]
+    assert metrics[0] == metrics[1]
 
 
 def _sweep_dirs(root: Path):
@@ -70,9 +71,10 @@ def _sweep_dirs(root: Path):
     ("policy.order", "fcfs,sjf,lpm,priority"),
 ])
 def test_every_option_runs(tmp_path, group, names):
-    # a small KV pool so that eviction and preemption really happen
-    extra = ["trace=mooncake_synthetic", "engine.num_pages=150000", "policy.reserve=estimate"] \
-        if group in ("eviction", "cache", "policy.order") else []
+    # a small KV pool and a burst, so that eviction and preemption really happen (asserted below;
+    # which prefix each eviction order keeps: test_scheduler.py::test_eviction_order_decides_...)
+    small = group in ("eviction", "cache", "policy.order")
+    extra = ["trace=sharegpt", "engine.num_pages=3000", "policy.reserve=estimate", "trace.rate=200"] if small else []
     ok(cli("-m", f"{group}={names}", "trace.num_requests=60", *extra, f"hydra.sweep.dir={tmp_path}"))
     jobs = _sweep_dirs(tmp_path)
     assert len(jobs) == len(names.split(","))
@@ -82,6 +84,10 @@ def test_every_option_runs(tmp_path, group, names):
         assert s["complete"] and len(req) == 60, job.name
         assert set(req["state"]) <= {"FINISHED", "REJECTED"}, job.name
         assert req.loc[req["state"] == "REJECTED", "reject_reason"].notna().all()
+        if small:
+            steps = pd.read_parquet(job / "steps.parquet")
+            assert steps["preempted"].sum() > 0, job.name
+            assert (steps["evicted_pages"].sum() > 0) == ("cache=none" not in job.name), job.name
     sweep = pd.read_parquet(tmp_path / "sweep.parquet")
     assert len(sweep) == len(jobs)
 
