@@ -35,7 +35,7 @@ def load(**kw) -> Trace:
 
 
 def lens(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
-    return (np.array([len(r.prompt_ids) for r in trace.requests]),
+    return (np.array([r.prompt_len for r in trace.requests]),
             np.array([r.output_len for r in trace.requests]))
 
 
@@ -273,6 +273,21 @@ def test_over_context_invariants(max_context, rule):
         assert np.all(p + o <= max_context) and np.all(p >= 1) and np.all(o >= 1)
     else:
         assert np.array_equal(p, base_p) and np.array_equal(o, base_o)
+
+
+def test_rejected_prompts_get_no_token_ids(tmp_path):
+    """A prompt over the context (rule reject) is kept as a length: its ids are never made, so
+    a 1e9-token row costs nothing (it took a 7.45 GiB allocation before); the others' ids are
+    the same as without it."""
+    rows = pd.DataFrame({"prompt_tokens": [100, 1_000_000_000, 200], "output_tokens": [10, 5, 20]})
+    t = load(name="file", path=str(write(rows, tmp_path / "t.csv")), max_context=4096)
+    assert [r.prompt_len for r in t.requests] == [100, 1_000_000_000, 200]
+    assert t.requests[1].prompt_ids is None and t.over_context["rids"] == [1]
+    small = load(name="file", path=str(write(rows.iloc[[0, 2]], tmp_path / "s.csv")), max_context=4096)
+    assert np.array_equal(t.requests[0].prompt_ids, small.requests[0].prompt_ids)
+    truncated = load(name="file", path=str(write(rows, tmp_path / "t.csv")), max_context=4096,
+                     over_context="truncate")
+    assert all(r.prompt_ids is not None and len(r.prompt_ids) == r.prompt_len for r in truncated.requests)
 
 
 # ---------------------------------------------------------------- config objects

@@ -104,14 +104,21 @@ def assemble(name: str, rows: Rows, k: TraceConfig) -> Trace:
         notes.append(describe_arrivals(k.rate, k.burstiness, k.seed))
 
     prompt, output, info = _over_context(rows.prompt_len[take], rows.output_len[take], k, notes)
-    ids = rows.make_ids(take, rids, prompt)
+    # ids only for requests that can run: a rejected prompt of 1e9 tokens would take 4 GB
+    runs = np.ones(n, bool)
+    if info["rule"] == "reject":
+        runs[info["rids"]] = False
+    ids: list = [None] * n
+    for j, x in zip(np.flatnonzero(runs).tolist(), rows.make_ids(take[runs], rids[runs], prompt[runs])):
+        ids[j] = x
     notes.extend(rows.notes[known:])  # facts the id maker found
     priority = rows.priority[take] if rows.priority is not None else np.zeros(n, dtype=np.int64)
     requests = [
-        TraceRequest(rid=int(r), arrival_s=float(a), prompt_ids=p, output_len=int(o), priority=int(q))
-        for r, a, p, o, q in zip(rids, arrivals, ids, output, priority)
+        TraceRequest(rid=int(r), arrival_s=float(a), prompt_len=int(pl), prompt_ids=p, output_len=int(o),
+                     priority=int(q))
+        for r, a, pl, p, o, q in zip(rids, arrivals, prompt, ids, output, priority)
     ]
-    for req, want in zip(requests, prompt):  # cheap guard on every loader's id maker
-        if len(req.prompt_ids) != want or req.prompt_ids.dtype != np.int32:
-            raise AssertionError(f"{name}: rid {req.rid} got {len(req.prompt_ids)} ids, want {want}")
+    for req, ok in zip(requests, runs):  # cheap guard on every loader's id maker
+        if ok and (len(req.prompt_ids) != req.prompt_len or req.prompt_ids.dtype != np.int32):
+            raise AssertionError(f"{name}: rid {req.rid} got {len(req.prompt_ids)} ids, want {req.prompt_len}")
     return Trace(name=name, requests=requests, over_context=info, notes=notes)

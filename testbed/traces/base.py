@@ -18,13 +18,12 @@ class TraceError(ValueError):
 class TraceRequest:
     rid: int  # 0..n-1 in arrival order after all processing
     arrival_s: float  # seconds from trace start, non-decreasing across the list
-    prompt_ids: np.ndarray  # int32 token ids, len == prompt_len (always present)
+    prompt_len: int
+    # int32 token ids, len == prompt_len; None for a request the context rejects (rule reject):
+    # its ids are never made, however long its prompt
+    prompt_ids: np.ndarray | None
     output_len: int  # tokens to generate (>= 1)
     priority: int = 0
-
-    @property
-    def prompt_len(self) -> int:
-        return int(len(self.prompt_ids))
 
 
 @dataclass
