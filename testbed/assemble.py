@@ -57,7 +57,12 @@ def sim_kv_pages(cfg, spec: ModelSpec, hardware) -> int:
     if free <= 0:
         raise ValueError(f"model {spec.name} ({spec.weight_bytes() / 1e9:.1f} GB of weights over tp={tp}) does "
                          f"not fit {hardware.name} ({hardware.mem_bytes / 1e9:.0f} GB x mem_fraction {e.mem_fraction})")
-    return int(free // (per_token * e.page_size))
+    pages = int(free // (per_token * e.page_size))
+    if pages < 1:
+        raise ValueError(f"model {spec.name} leaves {free / 1e6:.1f} MB of {hardware.name}'s memory x mem_fraction "
+                         f"{e.mem_fraction} for the KV cache, less than one page ({per_token * e.page_size} bytes); "
+                         f"raise engine.mem_fraction or set engine.num_pages")
+    return pages
 
 
 def make_scheduler(cfg, spec: ModelSpec, num_pages: int) -> Scheduler:

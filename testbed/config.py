@@ -109,6 +109,11 @@ def check(cfg: Config) -> None:
         v = getattr(cfg.slo, key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or v == float("inf")):
             bad(f"slo.{key}", v, "null (no SLO) or a number of milliseconds > 0")
+    from testbed.sim.costmodel.hardware import available_hardware
+    known = available_hardware()
+    if cfg.hardware["name"] not in known:  # the name picks the calibrated profile: a typo would pick none
+        bad("hardware.name", cfg.hardware["name"], f"one of {', '.join(known)} (choose with hardware=NAME; "
+            f"another GPU: add conf/hardware/NAME.yaml with name: NAME)")
     try:
         cfg.policy.validate()
     except ValueError as err:

@@ -114,6 +114,9 @@ def test_file_trace_and_over_context(tmp_path):
     (["policy.order=random"], "policy.order"),
     (["trace.rate=-1"], "rate"),
     (["engine.page_size=0"], "engine.page_size"),
+    (["hardware.name=foo"], "hardware.name='foo' is invalid; allowed: one of a100, h100, h200"),
+    # weights + half a KV page of llama3_8b on an H200: less than one page left
+    (["engine.mem_fraction=0.11390487965957447"], "less than one page"),
     (["engine.kernels=fused"], "engine.kernels='fused' is invalid; allowed: auto, torch, triton"),
     (["engine.prefill_backend=fa4"], "engine.prefill_backend"),
     (["model.config_path=/nope/config.json"], "/nope/config.json"),

@@ -275,6 +275,23 @@ def test_over_context_invariants(max_context, rule):
         assert np.array_equal(p, base_p) and np.array_equal(o, base_o)
 
 
+def test_nan_is_reported_as_nan_and_an_empty_cell_as_empty(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    (tmp_path / "a.csv").write_text("prompt_tokens,output_tokens\n100,10\nnan,5\n,6\n")
+    (tmp_path / "a.jsonl").write_text('{"prompt_tokens": 100, "output_tokens": 10}\n'
+                                      '{"prompt_tokens": NaN, "output_tokens": 5}\n')
+    pq.write_table(pa.table({"prompt_tokens": pa.array([100.0, float("nan"), None]),
+                             "output_tokens": pa.array([10, 5, 6])}), tmp_path / "a.parquet")
+    for suffix, shown in ((".csv", "value 'nan'"), (".jsonl", "value 'NaN'"), (".parquet", "value 'NaN'")):
+        with pytest.raises(TraceError, match=f"row 2.*prompt_tokens.*{shown} is not an integer|"
+                                             f"line 2.*prompt_tokens.*{shown} is not an integer"):
+            load(name="file", path=str(tmp_path / f"a{suffix}"))
+    (tmp_path / "b.csv").write_text("prompt_tokens,output_tokens\n100,10\n,6\n")
+    with pytest.raises(TraceError, match="row 2.*an empty value is not an integer"):
+        load(name="file", path=str(tmp_path / "b.csv"))
+
+
 def test_rejected_prompts_get_no_token_ids(tmp_path):
     """A prompt over the context (rule reject) is kept as a length: its ids are never made, so
     a 1e9-token row costs nothing (it took a 7.45 GiB allocation before); the others' ids are

@@ -8,6 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from .base import TRACE_DIR, Source, TraceError
 
@@ -32,7 +35,9 @@ def find_file(path: str | None, default_name: str | None, what: str) -> Path:
 
 def read_csv(p: Path) -> tuple[pd.DataFrame, Source]:
     try:
-        df = pd.read_csv(p)
+        # only an empty cell is missing: "nan" or "NA" written in a cell is a value, and is
+        # reported as written when it is not a number the column takes
+        df = pd.read_csv(p, keep_default_na=False, na_values=[""])
     except pd.errors.EmptyDataError:
         raise TraceError(f"{p}: the file is empty (no header, no rows)") from None
     except (pd.errors.ParserError, UnicodeDecodeError) as e:
@@ -51,7 +56,7 @@ def read_jsonl(p: Path) -> tuple[pd.DataFrame, Source]:
             if not line.strip():
                 continue
             try:
-                obj = json.loads(line)
+                obj = json.loads(line, parse_constant=str)  # NaN, Infinity: kept as written, not null
             except json.JSONDecodeError as e:
                 raise TraceError(f"{p}, line {n}: invalid JSON ({e.msg} at column {e.colno})") from None
             if not isinstance(obj, dict):
@@ -72,10 +77,15 @@ def read_jsonl(p: Path) -> tuple[pd.DataFrame, Source]:
 
 def read_parquet(p: Path) -> tuple[pd.DataFrame, Source]:
     try:
-        df = pd.read_parquet(p)
+        table = pq.read_table(p)
+        df = table.to_pandas()
     except Exception as e:  # pyarrow raises several types for a broken file
         msg = " ".join(str(e).split())
         raise TraceError(f"{p}: not a readable Parquet file ({msg})") from None
+    for name, col in zip(table.column_names, table.columns):  # NaN is a value, null is missing:
+        if pa.types.is_floating(col.type) and pc.any(pc.is_nan(col)).as_py():  # pandas makes both NaN
+            nan = pc.fill_null(pc.is_nan(col), False).to_numpy(zero_copy_only=False)
+            df[name] = df[name].astype(object).where(~nan, "NaN")
     return df.reset_index(drop=True), Source(str(p), "parquet")
 
 
