@@ -108,7 +108,7 @@ def test_file_trace_and_over_context(tmp_path):
     (["policy.order=random"], "policy.order"),
     (["trace.rate=-1"], "rate"),
     (["engine.page_size=0"], "engine.page_size"),
-    (["engine.kernels=fused"], "engine.kernels='fused' is invalid; allowed: auto, torch, triton"),
+    (["engine.kernels=fused"], "engine.kernels='fused' is unknown; allowed: auto, torch, triton"),
     (["engine.prefill_backend=fa4"], "engine.prefill_backend"),
     (["model.config_path=/nope/config.json"], "/nope/config.json"),
     (["slo.ttft_ms=-5"], "slo.ttft_ms=-5.0 is invalid; allowed: null (no SLO) or a number of milliseconds > 0"),
