@@ -112,8 +112,16 @@ class Config:
 
 
 def register_schema() -> None:
+    """The schema, and one option of the groups policy, eviction and cache per registered name,
+    so `policy=<module>` works for a new module in policies/scheduling/ with no yaml file."""
     from hydra.core.config_store import ConfigStore
-    ConfigStore.instance().store(name="config_schema", node=Config)
+    store = ConfigStore.instance()
+    store.store(name="config_schema", node=Config)
+    for name in POLICIES.names():
+        store.store(group="policy", name=name, node=PolicyConfig(name=name))
+    for group, registry in (("eviction", EVICTIONS), ("cache", PREFIX_CACHES)):
+        for name in registry.names():
+            store.store(group=group, name=name, node=NamedConfig(name))
 
 
 def check(cfg: Config) -> None:
