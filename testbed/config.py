@@ -138,9 +138,7 @@ def check(cfg: Config) -> None:
         TRACES.check(cfg.trace.name)
         if isinstance(cfg.costmodel, Mapping) and "name" in cfg.costmodel:
             COST_MODELS.check(cfg.costmodel["name"])
-    except ConfigError:
-        raise
-    except ValueError as err:
+    except ValueError as err:  # a part's own error type, reported as a config error
         raise ConfigError(str(err)) from None
 
 
