@@ -2,21 +2,29 @@
 with one line naming the key, the value and what is allowed."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from policies import PolicyConfig
+from policies import EVICTIONS, POLICIES, PolicyConfig
+from testbed.engine.attention import ATTENTION_BACKENDS  # the names only: no torch
+from testbed.engine.kernels import check_kernels  # the names only: no torch
+from testbed.kv import PREFIX_CACHES
 from testbed.modelspec import ModelConfig
-from testbed.traces import TraceConfig
+from testbed.sim.costmodel.base import COST_MODELS
+from testbed.traces import TRACES, TraceConfig
 
 BACKENDS = ("sim", "engine")
 DTYPES = ("bfloat16", "float16", "float32")
-KERNELS = ("auto", "torch", "triton")  # engine.kernels (testbed/engine/kernels)
 PREFILL_BACKENDS = ("fa2", "fa3")  # engine.prefill_backend: flashinfer prefill templates (fa3: Hopper)
 
 
 class ConfigError(ValueError):
     pass
+
+
+def _bad(key, value, allowed):
+    raise ConfigError(f"{key}={value!r} is invalid; allowed: {allowed}")
 
 
 @dataclass
@@ -56,11 +64,34 @@ class EngineConfig:
     top_p: float = 1.0
     debug_plan_hash: bool = False  # TP: compare a hash of every plan across ranks
 
+    def validate(self) -> None:
+        if self.tp < 1:
+            _bad("engine.tp", self.tp, "an integer >= 1")
+        if self.page_size < 1:
+            _bad("engine.page_size", self.page_size, "an integer >= 1")
+        if not (0.0 < self.mem_fraction <= 1.0):
+            _bad("engine.mem_fraction", self.mem_fraction, "a number in (0, 1]")
+        if self.dtype not in DTYPES:
+            _bad("engine.dtype", self.dtype, ", ".join(DTYPES))
+        if self.num_pages is not None and self.num_pages < 1:
+            _bad("engine.num_pages", self.num_pages, "null (size from memory) or an integer >= 1")
+        ATTENTION_BACKENDS.check(self.attention)
+        check_kernels(self.kernels)
+        if self.prefill_backend not in PREFILL_BACKENDS:
+            _bad("engine.prefill_backend", self.prefill_backend, ", ".join(PREFILL_BACKENDS))
+
 
 @dataclass
 class SLOConfig:
     ttft_ms: Optional[float] = None
     tpot_ms: Optional[float] = None
+
+    def validate(self) -> None:
+        for key in ("ttft_ms", "tpot_ms"):
+            v = getattr(self, key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0
+                                  or v == float("inf")):
+                _bad(f"slo.{key}", v, "null (no SLO) or a number of milliseconds > 0")
 
 
 @dataclass
@@ -81,42 +112,38 @@ class Config:
 
 
 def register_schema() -> None:
+    """The schema, and one option of the groups policy, eviction and cache per registered name,
+    so `policy=<module>` works for a new module in policies/scheduling/ with no yaml file."""
     from hydra.core.config_store import ConfigStore
-    ConfigStore.instance().store(name="config_schema", node=Config)
+    store = ConfigStore.instance()
+    store.store(name="config_schema", node=Config)
+    for name in POLICIES.names():
+        store.store(group="policy", name=name, node=PolicyConfig(name=name))
+    for group, registry in (("eviction", EVICTIONS), ("cache", PREFIX_CACHES)):
+        for name in registry.names():
+            store.store(group=group, name=name, node=NamedConfig(name))
 
 
 def check(cfg: Config) -> None:
-    def bad(key, value, allowed):
-        raise ConfigError(f"{key}={value!r} is invalid; allowed: {allowed}")
-    if cfg.backend.name not in BACKENDS:
-        bad("backend", cfg.backend.name, ", ".join(BACKENDS))
-    e = cfg.engine
-    if e.tp < 1:
-        bad("engine.tp", e.tp, "an integer >= 1")
-    if e.page_size < 1:
-        bad("engine.page_size", e.page_size, "an integer >= 1")
-    if not (0.0 < e.mem_fraction <= 1.0):
-        bad("engine.mem_fraction", e.mem_fraction, "a number in (0, 1]")
-    if e.dtype not in DTYPES:
-        bad("engine.dtype", e.dtype, ", ".join(DTYPES))
-    if e.num_pages is not None and e.num_pages < 1:
-        bad("engine.num_pages", e.num_pages, "null (size from memory) or an integer >= 1")
-    if e.kernels not in KERNELS:
-        bad("engine.kernels", e.kernels, ", ".join(KERNELS))
-    if e.prefill_backend not in PREFILL_BACKENDS:
-        bad("engine.prefill_backend", e.prefill_backend, ", ".join(PREFILL_BACKENDS))
-    for key in ("ttft_ms", "tpot_ms"):
-        v = getattr(cfg.slo, key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or v == float("inf")):
-            bad(f"slo.{key}", v, "null (no SLO) or a number of milliseconds > 0")
-    from testbed.sim.costmodel.hardware import available_hardware
-    known = available_hardware()
-    if cfg.hardware["name"] not in known:  # the name picks the calibrated profile: a typo would pick none
-        bad("hardware.name", cfg.hardware["name"], f"one of {', '.join(known)} (choose with hardware=NAME; "
-            f"another GPU: add conf/hardware/NAME.yaml with name: NAME)")
+    """Every part checks its own settings; a name is checked by the registry of its part."""
     try:
+        if cfg.backend.name not in BACKENDS:
+            _bad("backend", cfg.backend.name, ", ".join(BACKENDS))
+        cfg.engine.validate()
+        cfg.slo.validate()
+        POLICIES.check(cfg.policy.name)
         cfg.policy.validate()
-    except ValueError as err:
+        EVICTIONS.check(cfg.eviction.name)
+        PREFIX_CACHES.check(cfg.cache.name)
+        TRACES.check(cfg.trace.name)
+        if isinstance(cfg.costmodel, Mapping) and "name" in cfg.costmodel:
+            COST_MODELS.check(cfg.costmodel["name"])
+        from testbed.sim.costmodel.hardware import available_hardware
+        known = available_hardware()
+        if cfg.hardware["name"] not in known:  # the name picks the calibrated profile: a typo would pick none
+            _bad("hardware.name", cfg.hardware["name"], f"one of {', '.join(known)} (choose with hardware=NAME; "
+                 f"another GPU: add conf/hardware/NAME.yaml with name: NAME)")
+    except ValueError as err:  # a part's own error type, reported as a config error
         raise ConfigError(str(err)) from None
 
 

@@ -117,11 +117,15 @@ def test_file_trace_and_over_context(tmp_path):
     (["hardware.name=foo"], "hardware.name='foo' is invalid; allowed: one of a100, h100, h200"),
     # weights + half a KV page of llama3_8b on an H200: less than one page left
     (["engine.mem_fraction=0.11390487965957447"], "less than one page"),
-    (["engine.kernels=fused"], "engine.kernels='fused' is invalid; allowed: auto, torch, triton"),
+    (["engine.kernels=fused"], "engine.kernels='fused' is unknown; allowed: auto, torch, triton"),
     (["engine.prefill_backend=fa4"], "engine.prefill_backend"),
     (["model.config_path=/nope/config.json"], "/nope/config.json"),
     (["slo.ttft_ms=-5"], "slo.ttft_ms=-5.0 is invalid; allowed: null (no SLO) or a number of milliseconds > 0"),
     (["slo.tpot_ms=0"], "slo.tpot_ms=0.0 is invalid"),
+    (["policy.name=foo"], "policy.name='foo' is unknown; allowed: chunked, decode_first, prefill_first"),
+    (["eviction.name=arc"], "eviction.name='arc' is unknown; allowed: fifo, lfu, lru, priority, slru"),
+    (["engine.attention=nope"], "engine.attention='nope' is unknown; allowed: flashinfer, torch"),
+    (["costmodel.name=nope"], "costmodel.name='nope' is unknown; allowed: auto, calibrated, roofline"),
 ])
 def test_bad_input_is_one_clear_line(tmp_path, args, needle):
     p = cli(*args, f"hydra.run.dir={tmp_path}")
@@ -148,6 +152,47 @@ def test_unknown_policy_lists_known_ones(tmp_path):
     p = cli("policy=nosuch", f"hydra.run.dir={tmp_path}")
     assert p.returncode != 0 and "Traceback" not in p.stderr
     assert "prefill_first" in p.stderr and "chunked" in p.stderr
+
+
+# the README's example policy, and an eviction order, each one new file and nothing else
+NEW_POLICY = """
+from testbed.core import BatchPlan, SchedulerView
+from policies.base import Policy
+
+class WholePrefill(Policy):
+    name = "whole_prefill"
+
+    def plan(self, view: SchedulerView) -> BatchPlan:
+        plan = BatchPlan()
+        for r in view.running:
+            plan.add(r, r.extend_len)
+        self.admit(view, plan, self.cfg.max_prefill_tokens, self.kv_left(view))
+        return plan
+"""
+NEW_EVICTION = "def key(node):\n    return (-node.last_access,)  # most recently used first\n"
+
+
+def test_a_new_policy_or_eviction_module_is_a_config_option(tmp_path):
+    """`policy=<module>` and `eviction=<module>` for a module just added, with no yaml file."""
+    name = f"tmp_test_{os.getpid()}"
+    made = {ROOT / "policies" / "scheduling" / f"{name}.py": NEW_POLICY,
+            ROOT / "policies" / "eviction" / f"{name}.py": NEW_EVICTION}
+    try:
+        for path, text in made.items():
+            path.write_text(text)
+        out = tmp_path / "run"
+        ok(cli(f"policy={name}", f"eviction={name}", "policy.max_prefill_tokens=2048", "trace=mooncake_synthetic",
+               "trace.num_requests=60", "engine.num_pages=150000", f"hydra.run.dir={out}"))
+        s = json.loads((out / "summary.json").read_text())
+        assert s["complete"] and s["metrics"]["completed"] == 60
+        assert s["config"]["policy"]["name"] == name and s["config"]["eviction"]["name"] == name
+        assert s["config"]["policy"]["max_prefill_tokens"] == 2048  # the knobs are PolicyConfig's
+        assert pd.read_parquet(out / "steps.parquet")["evicted_pages"].sum() > 0
+    finally:
+        for path in made:
+            path.unlink(missing_ok=True)
+            for cached in (path.parent / "__pycache__").glob(f"{name}.*.pyc"):
+                cached.unlink()
 
 
 def _stop_mid_run(out, sig):

@@ -21,11 +21,10 @@ from testbed.sim.costmodel import (
     HardwareSpec,
     RooflineConfig,
     RooflineCostModel,
-    available_cost_models,
+    COST_MODELS,
     available_hardware,
     load_hardware,
     make_cost_model,
-    register_cost_model,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,7 +75,7 @@ def test_hardware_validation():
 def test_protocol_and_registry():
     cm = cm8()
     assert isinstance(cm, CostModel)
-    assert "roofline" in available_cost_models()
+    assert {"auto", "calibrated", "roofline"} <= set(COST_MODELS.names())
     with pytest.raises(ValueError, match=r"costmodel.name='nope' is unknown.*roofline"):
         make_cost_model("nope", LLAMA8, "h200")
 
@@ -96,7 +95,7 @@ def test_registry_is_open():
     class ConstConfig:
         seconds: float = 0.01
 
-    @register_cost_model("test_const", config_cls=ConstConfig)
+    @COST_MODELS.register("test_const", config=ConstConfig)
     def _make(spec, hw, cfg):
         return Const(cfg.seconds)
 

@@ -15,8 +15,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from testbed.engine import ForwardBatch, paged_kv_layout  # noqa: E402
-from testbed.engine.attention import KVPool, make_attention_backend  # noqa: E402
+from testbed.engine.forward_batch import ForwardBatch, paged_kv_layout  # noqa: E402
+from testbed.engine.attention import make_attention_backend  # noqa: E402
+from testbed.engine.attention.kv_pool import KVPool  # noqa: E402
 from testbed.engine.model import (  # noqa: E402
     UnsupportedArchitectureError,
     build_model,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from policies import ORDERS, RESERVES, PolicyConfig, eviction_key, eviction_names, make_policy, policy_names
+from policies import EVICTIONS, ORDERS, POLICIES, RESERVES, PolicyConfig, eviction_key, make_policy
 from policies.scheduling.prefill_first import PrefillFirst
 from scheduler_harness import finish_all, make_scheduler, req, run_all, shared, step
 from testbed.core import BatchPlan, RequestState
@@ -30,22 +30,23 @@ def assert_all_finished(reqs):
 
 # ---- the registry and knobs -----------------------------------------------------------------
 def test_registry_finds_every_policy_and_eviction_by_name():
-    assert policy_names() == ["chunked", "decode_first", "prefill_first"]
-    assert eviction_names() == ["fifo", "lfu", "lru", "priority", "slru"]
-    for name in policy_names():
+    assert POLICIES.names() == ["chunked", "decode_first", "prefill_first"]
+    assert EVICTIONS.names() == ["fifo", "lfu", "lru", "priority", "slru"]
+    for name in POLICIES.names():
         assert make_policy(PolicyConfig(name=name)).name == name
 
 
 def test_unknown_names_fail_listing_the_known_ones():
-    with pytest.raises(ValueError, match="known: chunked, decode_first, prefill_first"):
+    with pytest.raises(ValueError, match="^policy.name='sarathi' is unknown; allowed: chunked, decode_first, "
+                                         "prefill_first$"):
         make_policy(PolicyConfig(name="sarathi"))
-    with pytest.raises(ValueError, match="known: fifo, lfu, lru, priority, slru"):
+    with pytest.raises(ValueError, match="^eviction.name='arc' is unknown; allowed: fifo, lfu, lru, priority, slru$"):
         eviction_key("arc")
     with pytest.raises(ValueError, match="allowed: fcfs, sjf, lpm, priority"):
         make_policy(PolicyConfig(order="random"))
     with pytest.raises(ValueError, match="allowed: full, estimate"):
         make_policy(PolicyConfig(reserve="none"))
-    with pytest.raises(ValueError, match="radix, none"):
+    with pytest.raises(ValueError, match="^cache.name='lru' is unknown; allowed: none, radix$"):
         make_scheduler(cache="lru")
 
 

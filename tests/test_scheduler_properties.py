@@ -25,7 +25,7 @@ import numpy as np
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from policies import ORDERS, RESERVES, eviction_names
+from policies import EVICTIONS, ORDERS, RESERVES
 from scheduler_harness import make_scheduler, run_all, synthetic_tokens, try_to_mutate
 from testbed.core import Request, RequestState, StepResult
 
@@ -70,7 +70,7 @@ def configs(draw):
         policy=draw(st.sampled_from(POLICIES)),
         order=draw(st.sampled_from(ORDERS)),
         reserve=draw(st.sampled_from(RESERVES)),
-        eviction=draw(st.sampled_from(eviction_names())),
+        eviction=draw(st.sampled_from(EVICTIONS.names())),
         cache=draw(st.sampled_from(["radix", "radix", "radix", "none"])),
         page_size=P,
         num_pages=max(1, tokens // P),

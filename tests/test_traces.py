@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from testbed.traces import TRACE_DIR, TRACE_NAMES, Trace, TraceConfig, TraceError, load_trace
+from testbed.traces import TRACE_DIR, TRACES, Trace, TraceConfig, TraceError, load_trace
 
-BUNDLED = [n for n in TRACE_NAMES if n not in ("synthetic", "file")]
+BUNDLED = [n for n in TRACES.names() if n not in ("synthetic", "file")]
 
 # README statistics (tokens, over every row): rows, prompt mean, output mean, prompt max
 README = {
@@ -447,7 +447,8 @@ def test_values_are_shown_as_written(tmp_path):
 
 
 def test_unknown_name_lists_known_ones():
-    raises(["'sharegtp'", "sharegpt", "mooncake_synthetic", "file"], name="sharegtp")
+    msg = raises(["trace.name='sharegtp' is unknown; allowed: arxiv, azure_code"], name="sharegtp")
+    assert msg.endswith("mooncake_synthetic, sharegpt, synthetic")
 
 
 @pytest.mark.parametrize("knob,value", [

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies import PolicyConfig, eviction_key, eviction_names
+from policies import EVICTIONS, PolicyConfig, eviction_key
 from policies.scheduling.chunked import Chunked
 from scheduler_harness import make_scheduler, req, run_all, step, try_to_mutate
 from testbed.core import NodeView, SchedulerView
@@ -129,7 +129,7 @@ def test_a_radix_node_has_every_member_of_the_node_view():
     assert all(isinstance(getattr(node, m), int) for m in node_view_members())
 
 
-@pytest.mark.parametrize("name", eviction_names())
+@pytest.mark.parametrize("name", EVICTIONS.names())
 def test_every_eviction_order_reads_only_the_node_view(name):
     # the key must give the same answer for a bare object with nothing but NodeView's members
     key = eviction_key(name)

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from .assemble import Rows, assemble
-from .base import Trace
+from .base import TRACES, Trace
 from .columns import find_file, int_column, read_csv, require
 from .config import TraceConfig
 from .token_ids import unique_ids
@@ -50,3 +50,7 @@ def load(k: TraceConfig) -> Trace:
         notes=[f"token ids: seeded random (seed {k.seed}, vocab {k.vocab_size}), independent per request"],
     )
     return assemble(k.name, rows, k)
+
+
+for _name in FILES:
+    TRACES.register(_name, load)

@@ -1,4 +1,5 @@
-"""Record types every trace loader returns, the one error type, and row labels for errors."""
+"""Record types every trace loader returns, the one error type, the trace names (each loader
+registers its own) and row labels for errors."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -6,12 +7,18 @@ from pathlib import Path
 
 import numpy as np
 
+from testbed.core.registry import Registry
+
 # <repo>/traces: the bundled data files (testbed/traces/../../traces).
 TRACE_DIR = Path(__file__).resolve().parent.parent.parent / "traces"
 
 
 class TraceError(ValueError):
     """Any problem with a trace file or the trace config; the message is one line."""
+
+
+# trace.name -> load(TraceConfig) -> Trace; every loader module registers its names
+TRACES = Registry("trace.name", error=TraceError)
 
 
 @dataclass(slots=True)

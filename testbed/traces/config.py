@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from .base import TraceError
+from .base import TRACES, TraceError
 
 OVER_CONTEXT_RULES = ("reject", "truncate")
 DEFAULT_VOCAB = 32000
@@ -53,33 +53,33 @@ def _read(cfg: Any, key: str, default: Any) -> Any:
     return value
 
 
-def _bad(key: str, value: Any, allowed: str) -> TraceError:
+def bad_value(key: str, value: Any, allowed: str) -> TraceError:
     return TraceError(f"trace config: {key}={value!r} is not allowed; {allowed}")
 
 
 def _as_int(key: str, value: Any, allowed: str) -> int:
     if isinstance(value, bool):
-        raise _bad(key, value, allowed)
+        raise bad_value(key, value, allowed)
     if isinstance(value, int):
         return int(value)
     try:
         as_float = float(value)
     except (TypeError, ValueError):
-        raise _bad(key, value, allowed) from None
+        raise bad_value(key, value, allowed) from None
     if not math.isfinite(as_float) or as_float != int(as_float):
-        raise _bad(key, value, allowed)
+        raise bad_value(key, value, allowed)
     return int(as_float)
 
 
 def _as_float(key: str, value: Any, allowed: str) -> float:
     if isinstance(value, bool):
-        raise _bad(key, value, allowed)
+        raise bad_value(key, value, allowed)
     try:
         out = float(value)
     except (TypeError, ValueError):
-        raise _bad(key, value, allowed) from None
+        raise bad_value(key, value, allowed) from None
     if math.isnan(out):
-        raise _bad(key, value, allowed)
+        raise bad_value(key, value, allowed)
     return out
 
 
@@ -90,17 +90,17 @@ def _as_bool(key: str, value: Any) -> bool:
         return bool(value)
     if isinstance(value, str) and value.strip().lower() in ("true", "false", "yes", "no", "1", "0"):
         return value.strip().lower() in ("true", "yes", "1")
-    raise _bad(key, value, "use true or false")
+    raise bad_value(key, value, "use true or false")
 
 
-def resolve_config(cfg: Any, known_names: tuple[str, ...]) -> TraceConfig:
-    """Read every knob from `cfg` (attribute access, or a mapping) and check it."""
+def resolve_config(cfg: Any) -> TraceConfig:
+    """Read every knob from `cfg` (attribute access, or a mapping) and check the ones every
+    trace reads; a loader checks its own (synthetic.py)."""
     raw = {f.name: _read(cfg, f.name, f.default) for f in fields(TraceConfig)}
     k = TraceConfig(**raw)
 
     name = str(k.name)
-    if name not in known_names:
-        raise TraceError(f"trace config: unknown trace name {name!r}; known: {', '.join(known_names)}")
+    TRACES.check(name)
     path = None if k.path in (None, "") else str(k.path)
 
     if k.num_requests is None:
@@ -108,60 +108,43 @@ def resolve_config(cfg: Any, known_names: tuple[str, ...]) -> TraceConfig:
     else:
         num = _as_int("num_requests", k.num_requests, "use an int >= 0 (0 or null: every row)")
         if num < 0:
-            raise _bad("num_requests", k.num_requests, "use an int >= 0 (0 or null: every row)")
+            raise bad_value("num_requests", k.num_requests, "use an int >= 0 (0 or null: every row)")
         num = num or None
 
     rate = _as_float("rate", k.rate, "use a float > 0 (req/s), or inf for all at t=0")
     if not rate > 0:
-        raise _bad("rate", k.rate, "use a float > 0 (req/s), or inf for all at t=0")
+        raise bad_value("rate", k.rate, "use a float > 0 (req/s), or inf for all at t=0")
     burst = _as_float("burstiness", k.burstiness, "use a finite float > 0 (1 = Poisson)")
     if not (burst > 0 and math.isfinite(burst)):
-        raise _bad("burstiness", k.burstiness, "use a finite float > 0 (1 = Poisson)")
+        raise bad_value("burstiness", k.burstiness, "use a finite float > 0 (1 = Poisson)")
     scale = _as_float("time_scale", k.time_scale, "use a finite float > 0")
     if not (scale > 0 and math.isfinite(scale)):
-        raise _bad("time_scale", k.time_scale, "use a finite float > 0")
+        raise bad_value("time_scale", k.time_scale, "use a finite float > 0")
     seed = _as_int("seed", k.seed, "use an int >= 0")
     if seed < 0:
-        raise _bad("seed", k.seed, "use an int >= 0")
+        raise bad_value("seed", k.seed, "use an int >= 0")
     shuffle = _as_bool("shuffle", k.shuffle)
     rule = str(k.over_context)
     if rule not in OVER_CONTEXT_RULES:
-        raise _bad("over_context", k.over_context, f"use one of {', '.join(OVER_CONTEXT_RULES)}")
+        raise bad_value("over_context", k.over_context, f"use one of {', '.join(OVER_CONTEXT_RULES)}")
     block = _as_int("block_size", k.block_size, "use an int >= 1")
     if block < 1:
-        raise _bad("block_size", k.block_size, "use an int >= 1")
+        raise bad_value("block_size", k.block_size, "use an int >= 1")
     # outside a run (which passes the model's vocabulary) ids default to a Llama-2-sized vocabulary
     vocab = DEFAULT_VOCAB if k.vocab_size is None else _as_int("vocab_size", k.vocab_size, "use an int in [2, 2**31)")
     if not 2 <= vocab < 2**31:
-        raise _bad("vocab_size", k.vocab_size, "use an int in [2, 2**31)")
+        raise bad_value("vocab_size", k.vocab_size, "use an int in [2, 2**31)")
     if k.max_context is None:
         max_ctx = None
     else:
         max_ctx = _as_int("max_context", k.max_context, "use an int >= 2, or null for no check")
         if max_ctx < 2:
-            raise _bad("max_context", k.max_context, "use an int >= 2, or null for no check")
+            raise bad_value("max_context", k.max_context, "use an int >= 2, or null for no check")
 
     synth = {}
     for key in ("prompt_len_min", "prompt_len_max", "output_len_min", "output_len_max",
                 "num_prefix_groups", "prefix_len"):
         synth[key] = _as_int(key, getattr(k, key), "use an int")
-    if name == "synthetic":
-        for key in ("prompt_len_min", "output_len_min"):
-            if synth[key] < 1:
-                raise _bad(key, synth[key], "use an int >= 1")
-        for lo, hi in (("prompt_len_min", "prompt_len_max"), ("output_len_min", "output_len_max")):
-            if synth[hi] < synth[lo]:
-                raise _bad(hi, synth[hi], f"use an int >= {lo} ({synth[lo]})")
-        for key in ("num_prefix_groups", "prefix_len"):
-            if synth[key] < 0:
-                raise _bad(key, synth[key], "use an int >= 0")
-        if synth["num_prefix_groups"] > 0 and synth["prefix_len"] > synth["prompt_len_min"]:
-            raise _bad("prefix_len", synth["prefix_len"],
-                       f"the shared prefix is part of the prompt, so use at most "
-                       f"prompt_len_min ({synth['prompt_len_min']})")
-        if num is None:
-            raise _bad("num_requests", k.num_requests, "the synthetic trace needs an int >= 1")
-
     return replace(k, name=name, path=path, num_requests=num, rate=rate, burstiness=burst,
                    time_scale=scale, seed=seed, shuffle=shuffle, over_context=rule,
                    block_size=block, vocab_size=vocab, max_context=max_ctx, **synth)

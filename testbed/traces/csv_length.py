@@ -3,7 +3,7 @@ no arrival times (synthesized), no prefix information (independent random ids)."
 from __future__ import annotations
 
 from .assemble import Rows, assemble
-from .base import Trace
+from .base import TRACES, Trace
 from .columns import find_file, int_column, read_csv, require
 from .config import TraceConfig
 from .token_ids import unique_ids
@@ -35,3 +35,7 @@ def load(k: TraceConfig) -> Trace:
         notes=notes,
     )
     return assemble(k.name, rows, k)
+
+
+for _name in FILES:
+    TRACES.register(_name, load)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 from .assemble import Rows, assemble
-from .base import Trace
+from .base import TRACES, Trace
 from .columns import find_file, float_column, int_column, int_list, read_jsonl, require
 from .config import TraceConfig
 from .token_ids import block_ids
@@ -55,3 +55,7 @@ def load(k: TraceConfig) -> Trace:
         notes=notes,
     )
     return assemble(k.name, rows, k)
+
+
+for _name in FILES:
+    TRACES.register(_name, load)

@@ -5,13 +5,32 @@ from __future__ import annotations
 import numpy as np
 
 from .assemble import Rows, assemble
-from .base import Source, Trace
-from .config import TraceConfig
+from .base import TRACES, Source, Trace, TraceError
+from .config import TraceConfig, bad_value
 from .streams import GROUP_IDS, GROUPS, LENGTHS, UNIQUE_IDS
 from .token_ids import keyed_runs, keyed_table
 
 
+def check(k: TraceConfig) -> None:
+    """The synthetic knobs (the others are checked for every trace, config.resolve_config)."""
+    for key in ("prompt_len_min", "output_len_min"):
+        if getattr(k, key) < 1:
+            raise bad_value(key, getattr(k, key), "use an int >= 1")
+    for lo, hi in (("prompt_len_min", "prompt_len_max"), ("output_len_min", "output_len_max")):
+        if getattr(k, hi) < getattr(k, lo):
+            raise bad_value(hi, getattr(k, hi), f"use an int >= {lo} ({getattr(k, lo)})")
+    for key in ("num_prefix_groups", "prefix_len"):
+        if getattr(k, key) < 0:
+            raise bad_value(key, getattr(k, key), "use an int >= 0")
+    if k.num_prefix_groups > 0 and k.prefix_len > k.prompt_len_min:
+        raise bad_value("prefix_len", k.prefix_len, f"the shared prefix is part of the prompt, so use at most "
+                        f"prompt_len_min ({k.prompt_len_min})")
+    if k.num_requests is None:
+        raise TraceError("trace config: num_requests is 0 or null (every row); the synthetic trace needs an int >= 1")
+
+
 def load(k: TraceConfig) -> Trace:
+    check(k)
     n = int(k.num_requests)
     rng = np.random.default_rng([k.seed, LENGTHS])
     prompt = rng.integers(k.prompt_len_min, k.prompt_len_max + 1, size=n, dtype=np.int64)
@@ -47,3 +66,6 @@ def load(k: TraceConfig) -> Trace:
         notes=notes,
     )
     return assemble("synthetic", rows, k)
+
+
+TRACES.register("synthetic", load)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from .assemble import Rows, assemble
-from .base import Trace, TraceError
+from .base import TRACES, Trace, TraceError
 from .columns import find_file, int_column, int_list, read_table, require, seconds_column
 from .config import TraceConfig
 from .token_ids import block_ids, unique_ids
@@ -114,3 +114,6 @@ def load(k: TraceConfig) -> Trace:
         notes=notes,
     )
     return assemble("file", rows, k)
+
+
+TRACES.register("file", load)

@@ -1,40 +1,27 @@
-"""Attention backends over the paged KV pool, chosen by name.
+"""Attention backends over the paged KV pool, chosen by name (engine.attention).
 
     backend = make_attention_backend("torch", num_qo_heads=32, num_kv_heads=8, head_dim=128,
                                      dtype=torch.bfloat16, device="cuda")
 
-Adding one: subclass :class:`AttentionBackend` and list it in ``_BACKENDS``
-("name" -> "module:Class", imported only when asked for).
+Adding one: subclass :class:`~testbed.engine.attention.base.AttentionBackend` in a module
+here, decorate it with ``@ATTENTION_BACKENDS.register("<name>")`` and name that module in
+``ATTENTION_BACKENDS`` below (imported only when the name is asked for). This package
+imports no torch, so the names are checked at config time by the simulator too.
 """
 
 from __future__ import annotations
 
-import importlib
+from testbed.core.registry import Registry
 
-from testbed.engine.attention.base import AttentionBackend
-from testbed.engine.attention.kv_pool import KVPool
+__all__ = ["ATTENTION_BACKENDS", "make_attention_backend"]
 
-__all__ = ["AttentionBackend", "KVPool", "make_attention_backend", "attention_backend_names"]
-
-_BACKENDS: dict[str, str] = {
-    "torch": "testbed.engine.attention.torch_backend:TorchAttentionBackend",
-    "flashinfer": "testbed.engine.attention.flashinfer_backend:FlashInferAttentionBackend",
-}
+ATTENTION_BACKENDS = Registry("engine.attention", modules={
+    "torch": "testbed.engine.attention.torch_backend",
+    "flashinfer": "testbed.engine.attention.flashinfer_backend",
+})
 
 
-def attention_backend_names() -> list[str]:
-    return sorted(_BACKENDS)
-
-
-def make_attention_backend(name: str, **kwargs) -> AttentionBackend:
+def make_attention_backend(name: str, **kwargs):
     """Build the backend called ``name``; kwargs go to its constructor
     (num_qo_heads, num_kv_heads, head_dim, dtype, device, sm_scale=None, ...)."""
-    try:
-        target = _BACKENDS[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown attention backend {name!r}; known: {', '.join(attention_backend_names())}"
-        ) from None
-    module_name, cls_name = target.split(":")
-    cls = getattr(importlib.import_module(module_name), cls_name)
-    return cls(**kwargs)
+    return ATTENTION_BACKENDS.get(name).obj(**kwargs)

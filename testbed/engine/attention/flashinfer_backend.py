@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from testbed.config import PREFILL_BACKENDS
+from testbed.engine.attention import ATTENTION_BACKENDS
 from testbed.engine.attention.base import AttentionBackend
 from testbed.engine.forward_batch import ForwardBatch, paged_kv_layout
 
@@ -22,6 +23,7 @@ __all__ = ["FlashInferAttentionBackend"]
 DEFAULT_WORKSPACE_BYTES = 256 * 1024 * 1024
 
 
+@ATTENTION_BACKENDS.register("flashinfer")
 class FlashInferAttentionBackend(AttentionBackend):
     name = "flashinfer"
     _require_cuda = True  # tests swap in a CPU stand-in for the flashinfer module

@@ -5,12 +5,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from testbed.engine.attention import ATTENTION_BACKENDS
 from testbed.engine.attention.base import AttentionBackend
 from testbed.engine.forward_batch import ForwardBatch
 
 __all__ = ["TorchAttentionBackend"]
 
 
+@ATTENTION_BACKENDS.register("torch")
 class TorchAttentionBackend(AttentionBackend):
     """Gathers each request's context K/V by its slots and runs SDPA with a causal mask
     shifted by the cached prefix (new token j of n attends to positions <= ctx - n + j).

@@ -12,28 +12,37 @@
   agree to the rounding of bf16 (tests/test_kernels.py runs them under Triton's CPU
   interpreter, ``TRITON_INTERPRET=1``).
 
-Both implement :class:`Ops`; ``engine.kernels`` picks one (``auto``: triton on CUDA, torch
-elsewhere).
+Both implement :class:`~testbed.engine.kernels.base.Ops` and register under their name in
+``KERNELS``; ``engine.kernels`` picks one (``auto``: triton on CUDA, torch elsewhere). This
+package imports no torch, so the simulator checks engine.kernels at config time too.
 """
 
 from __future__ import annotations
 
 import os
 
-import torch
+from testbed.core.registry import Registry
 
-from testbed.config import KERNELS
-from testbed.engine.kernels.base import Ops
+__all__ = ["KERNELS", "AUTO", "check_kernels", "make_ops", "resolve_kernels"]
 
-__all__ = ["Ops", "make_ops", "resolve_kernels", "KERNELS"]
+KERNELS = Registry("engine.kernels", modules={
+    "torch": "testbed.engine.kernels.torch_ops",
+    "triton": "testbed.engine.kernels.triton_ops",
+})
+AUTO = "auto"  # not an implementation: resolve_kernels picks one for the device
 
 
-def resolve_kernels(name: str, device: torch.device | str) -> str:
+def check_kernels(name: str) -> None:
+    KERNELS.check(name, also=(AUTO,))
+
+
+def resolve_kernels(name: str, device) -> str:
     """``auto`` -> ``triton`` on CUDA, ``torch`` elsewhere; checks that the choice can run."""
+    import torch  # only an engine resolves its kernels; the names above stay torch-free
+
     device = torch.device(device)
-    if name not in KERNELS:
-        raise ValueError(f"engine.kernels={name!r} is invalid; allowed: {', '.join(KERNELS)}")
-    if name == "auto":
+    check_kernels(name)
+    if name == AUTO:
         name = "triton" if device.type == "cuda" else "torch"
     if name == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError(f"engine.kernels=triton runs on CUDA (device is {device}); use engine.kernels=torch, "
@@ -41,16 +50,6 @@ def resolve_kernels(name: str, device: torch.device | str) -> str:
     return name
 
 
-def make_ops(name: str) -> Ops:
-    if name == "torch":
-        from testbed.engine.kernels.torch_ops import TorchOps
-        return TorchOps()
-    if name == "triton":
-        try:
-            import triton  # noqa: F401
-        except ImportError as e:
-            raise ImportError("engine.kernels=triton needs the triton package (it comes with CUDA builds of "
-                              "torch); install it or use engine.kernels=torch") from e
-        from testbed.engine.kernels.triton_ops import TritonOps
-        return TritonOps()
-    raise ValueError(f"unknown kernels {name!r}; known: torch, triton")
+def make_ops(name: str):
+    """The Ops of implementation ``name`` (resolve ``auto`` first)."""
+    return KERNELS.get(name).obj()

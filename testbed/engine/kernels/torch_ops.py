@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from testbed.engine.attention.kv_pool import store_kv
+from testbed.engine.kernels import KERNELS
 from testbed.engine.kernels.base import Ops
 
 __all__ = ["TorchOps", "apply_rotary"]
@@ -19,6 +20,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(dtype)
 
 
+@KERNELS.register("torch")
 class TorchOps(Ops):
     name = "torch"
 

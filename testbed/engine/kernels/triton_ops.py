@@ -11,9 +11,15 @@ carries them, so Triton compiles each kernel once per model shape, not once per 
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
+try:
+    import triton
+    import triton.language as tl
+except ImportError as e:
+    raise ImportError("engine.kernels=triton needs the triton package (it comes with CUDA builds of torch); "
+                      "install it or use engine.kernels=torch") from e
+
+from testbed.engine.kernels import KERNELS
 from testbed.engine.kernels.base import Ops
 
 __all__ = ["TritonOps"]
@@ -110,6 +116,7 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
+@KERNELS.register("triton")
 class TritonOps(Ops):
     name = "triton"
     SILU_BLOCK = 1024

@@ -14,7 +14,8 @@ from typing import Any, Mapping
 
 import torch
 
-from testbed.engine.attention import AttentionBackend, make_attention_backend
+from testbed.engine.attention import make_attention_backend
+from testbed.engine.attention.base import AttentionBackend
 from testbed.engine.kernels import make_ops, resolve_kernels
 from testbed.engine.model.decoder import CausalLM, DecoderLayer
 from testbed.engine.model.parallel import TensorParallel

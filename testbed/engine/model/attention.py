@@ -10,7 +10,7 @@ import torch.nn as nn
 
 from testbed.engine.attention.base import AttentionBackend
 from testbed.engine.forward_batch import ForwardBatch
-from testbed.engine.kernels import Ops
+from testbed.engine.kernels.base import Ops
 from testbed.engine.model.norm import RMSNorm
 from testbed.engine.model.parallel import QKVParallelLinear, RowParallelLinear, TensorParallel
 from testbed.modelspec import ModelSpec

@@ -10,7 +10,8 @@ import torch.nn as nn
 from testbed.engine.attention.base import AttentionBackend
 from testbed.engine.attention.kv_pool import KVPool
 from testbed.engine.forward_batch import ForwardBatch
-from testbed.engine.kernels import Ops, make_ops
+from testbed.engine.kernels import make_ops
+from testbed.engine.kernels.base import Ops
 from testbed.engine.model.attention import SelfAttention
 from testbed.engine.model.mlp import GatedMLP
 from testbed.engine.model.norm import RMSNorm

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from testbed.engine.kernels import Ops
+from testbed.engine.kernels.base import Ops
 
 __all__ = ["RMSNorm"]
 

@@ -7,23 +7,16 @@ Public API::
     cm.step_time(extend_lens, cached_lens)   # seconds
     cm.breakdown(extend_lens, cached_lens)   # seconds per term
 
-A new model is a new module here registering itself with ``@register_cost_model``;
-``make_cost_model`` imports ``testbed.sim.costmodel.<name>`` on first use of the name.
+A new model is a new module here registering itself with ``@COST_MODELS.register`` and
+named in ``COST_MODELS`` (base.py); ``make_cost_model`` imports it on first use of the name.
 """
 
-from testbed.sim.costmodel.base import (
-    CostModel,
-    StepCost,
-    as_batch,
-    available_cost_models,
-    build_config,
-    make_cost_model,
-    register_cost_model,
-)
+from testbed.sim.costmodel.base import COST_MODELS, CostModel, StepCost, as_batch, make_cost_model
 from testbed.sim.costmodel.hardware import HardwareSpec, available_hardware, load_hardware
 from testbed.sim.costmodel.roofline import TERMS, RooflineConfig, RooflineCostModel, allowed_tp
 
 __all__ = [
+    "COST_MODELS",
     "CostModel",
     "HardwareSpec",
     "StepCost",
@@ -32,10 +25,7 @@ __all__ = [
     "TERMS",
     "allowed_tp",
     "as_batch",
-    "available_cost_models",
     "available_hardware",
-    "build_config",
     "load_hardware",
     "make_cost_model",
-    "register_cost_model",
 ]

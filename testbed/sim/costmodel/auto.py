@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from testbed.modelspec import ModelSpec
-from testbed.sim.costmodel.base import register_cost_model
+from testbed.sim.costmodel.base import COST_MODELS
 from testbed.sim.costmodel.hardware import HardwareSpec
 
 
@@ -16,7 +16,7 @@ class AutoConfig:
     policy: str = "all"
 
 
-@register_cost_model("auto", config_cls=AutoConfig)
+@COST_MODELS.register("auto", config=AutoConfig)
 def _make_auto(spec: ModelSpec, hardware: HardwareSpec, cfg: AutoConfig):
     from testbed.sim.costmodel.calibrated import (CalibratedConfig, CalibratedCostModel, load_profile,
                                                   profile_for, profile_mismatch)

@@ -11,29 +11,27 @@ A cost model is found by name::
     dt = cm.step_time(np.array([1, 1, 512]), np.array([1000, 37, 0]))
 
 Adding one is adding one module ``testbed/sim/costmodel/<name>.py`` that decorates its
-factory with ``@register_cost_model("<name>", config_cls=...)``: ``make_cost_model`` imports
-that module on first use of the name.
+factory with ``@COST_MODELS.register("<name>", config=...)`` and listing the name in
+``COST_MODELS`` below: ``make_cost_model`` imports that module on first use of the name.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
-from typing import Any, Callable, Mapping, Protocol, runtime_checkable
+from typing import Any, Mapping, Protocol, runtime_checkable
 
 import numpy as np
 
+from testbed.core.registry import Registry, read_config
 from testbed.modelspec import ModelSpec
 from testbed.sim.costmodel.hardware import HardwareSpec, load_hardware, to_plain
 
 __all__ = [
     "CostModel",
     "StepCost",
-    "register_cost_model",
+    "COST_MODELS",
     "make_cost_model",
-    "available_cost_models",
     "as_batch",
-    "build_config",
 ]
 
 
@@ -97,67 +95,10 @@ def as_batch(extend_lens: Any, cached_lens: Any) -> tuple[np.ndarray, np.ndarray
 
 
 # ---------------------------------------------------------------------- registry
-_Factory = Callable[[ModelSpec, HardwareSpec, Any], CostModel]
-_REGISTRY: dict[str, tuple[_Factory, type | None]] = {}
-
-
-def register_cost_model(name: str, config_cls: type | None = None):
-    """Decorator: register ``factory(model_spec, hardware, cfg)`` under ``name``.
-
-    ``config_cls`` (a dataclass) is what ``make_cost_model`` turns a dict / DictConfig into
-    before calling the factory; unknown keys fail with the allowed list.
-    """
-
-    def deco(factory: _Factory) -> _Factory:
-        if name in _REGISTRY and _REGISTRY[name][0] is not factory:
-            raise ValueError(f"cost model {name!r} is already registered")
-        _REGISTRY[name] = (factory, config_cls)
-        return factory
-
-    return deco
-
-
-def available_cost_models() -> list[str]:
-    """Names registered so far (modules not yet imported are not listed)."""
-    return sorted(_REGISTRY)
-
-
-def _lookup(name: str) -> tuple[_Factory, type | None]:
-    if name not in _REGISTRY:
-        if name.isidentifier():
-            try:
-                importlib.import_module(f"{__package__}.{name}")
-            except ModuleNotFoundError as e:
-                if e.name != f"{__package__}.{name}":
-                    raise
-    if name not in _REGISTRY:
-        raise ValueError(
-            f"costmodel.name={name!r} is unknown; allowed: {available_cost_models()}"
-        )
-    return _REGISTRY[name]
-
-
-def build_config(config_cls: type, cfg: Any, *, prefix: str = "costmodel") -> Any:
-    """Turn None / dict / DictConfig / an instance into ``config_cls``.
-
-    A ``name`` key (the Hydra group file carries one) is dropped. Unknown keys raise
-    ``ValueError`` naming the key and the allowed ones.
-    """
-    if cfg is None:
-        return config_cls()
-    if isinstance(cfg, config_cls):
-        return cfg
-    cfg = to_plain(cfg)
-    if not isinstance(cfg, Mapping):
-        raise ValueError(
-            f"{prefix}: expected a mapping or {config_cls.__name__}, got {type(cfg).__name__}"
-        )
-    allowed = [f.name for f in dataclasses.fields(config_cls)]
-    kwargs = {k: v for k, v in cfg.items() if k != "name"}
-    unknown = sorted(set(kwargs) - set(allowed))
-    if unknown:
-        raise ValueError(f"{prefix}: unknown key(s) {unknown}; allowed: {allowed}")
-    return config_cls(**kwargs)
+# costmodel.name -> factory(model_spec, hardware, cfg), with its config dataclass; each
+# module registers its own with @COST_MODELS.register(name, config=...) when imported
+COST_MODELS = Registry("costmodel.name", modules={
+    name: f"testbed.sim.costmodel.{name}" for name in ("auto", "calibrated", "roofline")})
 
 
 def make_cost_model(
@@ -174,8 +115,8 @@ def make_cost_model(
     """
     if not isinstance(model_spec, ModelSpec):
         raise TypeError(f"model_spec must be a ModelSpec, got {type(model_spec).__name__}")
-    factory, config_cls = _lookup(name)
+    entry = COST_MODELS.get(name)
     hw = load_hardware(hardware)
-    if config_cls is not None:
-        cfg = build_config(config_cls, cfg)
-    return factory(model_spec, hw, cfg)
+    if entry.config is not None:
+        cfg = read_config(entry.config, to_plain(cfg), "costmodel")
+    return entry.obj(model_spec, hw, cfg)

@@ -43,7 +43,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from testbed.modelspec import ModelSpec
-from testbed.sim.costmodel.base import StepCost, as_batch, register_cost_model
+from testbed.sim.costmodel.base import COST_MODELS, StepCost, as_batch
 from testbed.sim.costmodel.fit import (EAGER_EXTRA, MODEL_FIELDS, PROFILE_FORMAT, Fa2Shape, base_curve, eager_extras,
                                        graph_imbalance, padded_tokens, predict_host_parts)
 from testbed.sim.costmodel.hardware import HardwareSpec
@@ -279,7 +279,7 @@ class CalibratedCostModel:
                 f"hardware={self.hardware.name}, tp={self.cfg.tp}, host fit={self.policy})")
 
 
-@register_cost_model("calibrated", config_cls=CalibratedConfig)
+@COST_MODELS.register("calibrated", config=CalibratedConfig)
 def _make_calibrated(spec: ModelSpec, hardware: HardwareSpec, cfg: CalibratedConfig) -> CalibratedCostModel:
     return CalibratedCostModel(spec, hardware, cfg)
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from testbed.modelspec import ModelSpec, tp_split_problems
-from testbed.sim.costmodel.base import StepCost, as_batch, register_cost_model
+from testbed.sim.costmodel.base import COST_MODELS, StepCost, as_batch
 from testbed.sim.costmodel.hardware import HardwareSpec
 
 __all__ = ["RooflineConfig", "RooflineCostModel", "TERMS"]
@@ -214,6 +214,6 @@ class RooflineCostModel:
         )
 
 
-@register_cost_model("roofline", config_cls=RooflineConfig)
+@COST_MODELS.register("roofline", config=RooflineConfig)
 def _make_roofline(spec: ModelSpec, hardware: HardwareSpec, cfg: RooflineConfig) -> RooflineCostModel:
     return RooflineCostModel(spec, hardware, cfg)
