@@ -6,13 +6,12 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from policies import PolicyConfig
+from testbed.engine.options import KERNELS, PREFILL_BACKENDS
 from testbed.modelspec import ModelConfig
 from testbed.traces import TraceConfig
 
 BACKENDS = ("sim", "engine")
 DTYPES = ("bfloat16", "float16", "float32")
-KERNELS = ("auto", "torch", "triton")  # engine.kernels (testbed/engine/kernels)
-PREFILL_BACKENDS = ("fa2", "fa3")  # engine.prefill_backend: flashinfer prefill templates (fa3: Hopper)
 
 
 class ConfigError(ValueError):

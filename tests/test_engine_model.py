@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from testbed.engine import ForwardBatch, paged_kv_layout  # noqa: E402
+from testbed.engine.forward_batch import ForwardBatch, paged_kv_layout  # noqa: E402
 from testbed.engine.attention import KVPool, make_attention_backend  # noqa: E402
 from testbed.engine.model import (  # noqa: E402
     UnsupportedArchitectureError,

@@ -24,7 +24,7 @@ transformers = pytest.importorskip("transformers")
 import pyarrow.parquet as pq  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 
-from testbed.engine import ForwardBatch  # noqa: E402
+from testbed.engine.forward_batch import ForwardBatch  # noqa: E402
 from testbed.engine.model import build_model, load_weights  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from testbed.config import PREFILL_BACKENDS
 from testbed.engine.attention.base import AttentionBackend
 from testbed.engine.forward_batch import ForwardBatch, paged_kv_layout
+from testbed.engine.options import PREFILL_BACKENDS
 
 __all__ = ["FlashInferAttentionBackend"]
 

@@ -22,8 +22,8 @@ import os
 
 import torch
 
-from testbed.config import KERNELS
 from testbed.engine.kernels.base import Ops
+from testbed.engine.options import KERNELS
 
 __all__ = ["Ops", "make_ops", "resolve_kernels", "KERNELS"]
 
