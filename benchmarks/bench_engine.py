@@ -69,13 +69,11 @@ def decode_steps(model: str, batches, context: int, reps: int, extra, profile: b
     import numpy as np
     from testbed import assemble
     from testbed.core import Request
-    from testbed.engine.build import build_engine
     # prefill_first: every prompt is prefilled before any decode, so the timed steps are pure decodes
     cfg = compose(["backend=engine", f"model={model}", "model.weights=dummy", "engine.overlap=false", "policy=prefill_first",
                    f"policy.max_running={max(batches)}", "policy.max_prefill_tokens=16384", *extra])
-    spec = assemble.model_spec(cfg)
-    driver, sched, info = build_engine(cfg, spec, [])
-    ex = driver.executor
+    built = assemble.build_run(cfg)  # its trace's requests are never run: the steps below are built here
+    spec, sched, ex = built.spec, built.scheduler, built.executor
     rows = []
     for b in batches:
         rng = np.random.default_rng(b)

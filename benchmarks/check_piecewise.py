@@ -6,6 +6,7 @@ the logits disagree.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -24,20 +25,20 @@ def main(argv):
 
     from testbed import assemble
     from testbed.config import compose
-    from testbed.engine.build import build_parts, make_pieces
+    from testbed.engine.build import make_pieces
     from testbed.engine.executor import EngineExecutor
     from testbed.engine.synthetic_batch import greedy_sampling, synthetic_host_batch
 
     out, argv = pop_out(argv)
     cfg = compose(["backend=engine", "engine.piecewise_graphs=false"] + argv)
     spec = assemble.model_spec(cfg)
-    parts = build_parts(cfg, spec)
+    parts = assemble.engine_parts(cfg)
     dev, slots = parts.device, parts.slots
     torch.cuda.synchronize(dev)
     free0 = torch.cuda.mem_get_info(dev)[0]
     t0 = time.perf_counter()
-    cfg.engine.piecewise_graphs = True
-    pieces = make_pieces(cfg, parts.model, dev, slots // cfg.engine.page_size)
+    s = dataclasses.replace(assemble.engine_settings(cfg, spec), piecewise_graphs=True)
+    pieces = make_pieces(s, parts.model, dev, slots // s.page_size)
     capture_s = time.perf_counter() - t0
     graph_mem = free0 - torch.cuda.mem_get_info(dev)[0]
     rows = cfg.policy.max_running * 2

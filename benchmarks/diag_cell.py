@@ -21,11 +21,10 @@ def cell_engine(argv: list[str], default: str):
     """(cell, its engine config, model spec, engine parts) of `cell=NAME` (default `default`)."""
     from testbed import assemble
     from testbed.config import compose
-    from testbed.engine.build import build_parts
     from testbed.fidelity.cells import read_plan
 
     name = dict(a.split("=", 1) for a in argv).get("cell", default)
     cell = next(c for c in read_plan(ROOT / "benchmarks/results/fidelity/plan.json") if c.name == name)
     cfg = compose(cell.overrides + ["backend=engine"])
     spec = assemble.model_spec(cfg)
-    return cell, cfg, spec, build_parts(cfg, spec)
+    return cell, cfg, spec, assemble.engine_parts(cfg)

@@ -20,19 +20,20 @@ def main(argv):
 
     from testbed import assemble
     from testbed.config import compose
-    from testbed.engine.build import create_pool, engine_device, kv_slots, load_model_for, make_graphs, make_pieces
+    from testbed.engine.build import create_pool, engine_device, kv_slots, load_shard, make_graphs, make_pieces
     from testbed.engine.executor import EngineExecutor
     from testbed.engine.synthetic_batch import greedy_sampling, synthetic_host_batch
     from testbed.engine.warmup import warm_up
 
     cfg = compose(["backend=engine"] + argv)
     spec = assemble.model_spec(cfg)
-    dev = engine_device(cfg)
-    model, _ = load_model_for(cfg, spec, dev)
-    slots = kv_slots(cfg, model, dev)
+    s = assemble.engine_settings(cfg, spec)
+    dev = engine_device(s)
+    model, _ = load_shard(s, spec, dev)
+    slots = kv_slots(s, model, dev)
     create_pool(model, slots, 1)
-    graphs = make_graphs(cfg, model, dev, slots, spec.max_context)
-    ex = EngineExecutor(model, dev, 256, None, None, graphs, make_pieces(cfg, model, dev, slots))
+    graphs = make_graphs(s, model, dev, slots, spec.max_context)
+    ex = EngineExecutor(model, dev, 256, None, None, graphs, make_pieces(s, model, dev, slots))
     warm_up(ex, slots, 1, spec.vocab_size, 8192, 256)
     hb = synthetic_host_batch([450] + [1] * 80, [0] + [2500] * 80, slots, 1, spec.vocab_size)
     samp = greedy_sampling(81)

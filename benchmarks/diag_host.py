@@ -31,6 +31,7 @@ def medians(rows: list[dict]) -> dict:
 
 
 def main(argv):
+    from testbed import assemble
     from testbed.config import compose
     from testbed.engine.profiler import run_host_workloads
     from testbed.run import run
@@ -40,7 +41,9 @@ def main(argv):
     res = {}
 
     def workload(tag):
-        res[tag] = medians(run_host_workloads(cfg, spec, parts, ["chunked"], cfg.policy.max_running))
+        s = assemble.engine_settings(cfg, spec)
+        res[tag] = medians(run_host_workloads(s, spec, parts, assemble.scheduler_per_policy(cfg, spec), ["chunked"],
+                                              s.max_running))
 
     def cell_run(tag, extra):
         c = compose(cell.overrides + ["backend=engine"] + extra)

@@ -18,16 +18,14 @@ def main(argv):
     import numpy as np
 
     from testbed import assemble
-    from testbed.engine.build import build_engine
     from testbed.engine.executor import EngineExecutor
     from testbed.engine.profiler import _sleep_cycles_per_s, time_shape
 
     out, argv = pop_out(argv)
     cell, cfg, spec, parts = cell_engine(argv, "qwen3_0_6b-chunked-sharegpt-high")
     name = cell.name
-    trace = assemble.trace_for(cfg, spec)
-    requests = assemble.requests_from(trace, spec, cfg.engine)
-    driver, sched, _ = build_engine(cfg, spec, requests, parts)
+    built = assemble.build_run(cfg, parts)
+    driver = built.driver
     # every launched step's batch, as the executor keeps it for its after-the-run predictions
     shapes = driver.executor.predictions.shapes
     import gc

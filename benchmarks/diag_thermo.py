@@ -65,7 +65,6 @@ def main(argv):
 
     from testbed import assemble
     from testbed.config import compose
-    from testbed.engine.build import build_parts
     from testbed.fidelity.cells import read_plan
     from testbed.run import run
 
@@ -83,7 +82,7 @@ def main(argv):
     runs = []
     try:
         cfg = compose(cells[0].overrides + ["backend=engine"])
-        parts = build_parts(cfg, assemble.model_spec(cfg))
+        parts = assemble.engine_parts(cfg)
         for k in range(repeats):
             for cell in cells:
                 cfg = compose(cell.overrides + ["backend=engine"])

@@ -62,12 +62,11 @@ def main() -> int:
 
     from testbed import assemble
     from testbed.config import compose
-    from testbed.engine.build import build_parts
     from testbed.run import run
 
     cfg = compose(["backend=engine", f"model={a.model}", "model.weights=dummy", "progress=false", *WORKLOAD])
     spec = assemble.model_spec(cfg)
-    parts = build_parts(cfg, spec)
+    parts = assemble.engine_parts(cfg)
     with tempfile.TemporaryDirectory() as d:
         run(cfg, f"{d}/warm", engine_parts=parts, keep_ids=False, print_table=False)
         with profile(activities=[ProfilerActivity.CUDA]) as prof:

@@ -1,15 +1,48 @@
-"""Build a run's parts from the resolved config: model shape, requests, scheduler.
-Shared by both backends, so a simulated and a real run of one config see the same
-requests and the same scheduler."""
+"""The composition root: the one place a run is built from the resolved config, into typed
+parts (model shape, trace and requests, scheduler, executor, driver). Below it nothing
+reads the config: the simulator gets a cost model, the engine its EngineSettings, the
+scheduler its SchedulerConfig and policy. Both backends share the model shape, requests
+and scheduler built here, so a simulated and a real run of one config see the same ones."""
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 from policies import eviction_key, make_policy
 from testbed.core import Request, SamplingParams
-from testbed.modelspec import ModelSpec, model_spec_from_cfg
+from testbed.modelspec import ModelSpec, check_tp_split, model_spec_from_cfg
 from testbed.scheduler import Scheduler, SchedulerConfig
+from testbed.steploop import Driver, Executor
 from testbed.traces import Trace, load_trace
+
+
+@dataclass
+class Run:
+    spec: ModelSpec
+    trace: Trace
+    requests: list[Request]
+    scheduler: Scheduler
+    driver: Driver
+    info: dict  # the run's KV pool and backend, for summary.json
+
+    @property
+    def executor(self) -> Executor:
+        return self.driver.executor
+
+
+def build_run(cfg, engine_parts=None) -> Run:
+    """engine_parts: a model already built for this config's engine settings (engine_parts()),
+    shared by several runs."""
+    spec = model_spec(cfg)
+    trace = trace_for(cfg, spec)
+    requests = requests_from(trace, spec, cfg.engine)
+    if cfg.backend.name == "sim":
+        if engine_parts is not None:
+            raise ValueError("engine parts are for backend=engine")
+        sched, driver, info = _sim_backend(cfg, spec, requests)
+    else:
+        sched, driver, info = _engine_backend(cfg, spec, requests, engine_parts)
+    return Run(spec, trace, requests, sched, driver, info)
 
 
 def model_spec(cfg) -> ModelSpec:
@@ -46,6 +79,40 @@ def requests_from(trace: Trace, spec: ModelSpec, engine_cfg) -> list[Request]:
     return out
 
 
+def make_scheduler(cfg, spec: ModelSpec, num_pages: int) -> Scheduler:
+    policy = make_policy(cfg.policy)
+    scfg = SchedulerConfig(num_pages=num_pages, page_size=cfg.engine.page_size, max_context=spec.max_context,
+                           cache=cfg.cache.name, eviction=cfg.eviction.name, check_every_step=cfg.check_every_step)
+    return Scheduler(scfg, policy, eviction_key(cfg.eviction.name))
+
+
+def scheduler_per_policy(cfg, spec: ModelSpec):
+    """(policy name, num_pages) -> a scheduler of this config with that policy (the profiler
+    times each policy's host cost on one engine)."""
+    def make(name: str, num_pages: int) -> Scheduler:
+        return make_scheduler(dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy, name=name)), spec,
+                              num_pages)
+    return make
+
+
+def cost_model(cfg, spec: ModelSpec):
+    """The deployment's cost model and hardware: the simulator's step times, the engine's
+    predictions beside its measurements."""
+    from testbed.sim.costmodel import make_cost_model
+    from testbed.sim.costmodel.hardware import load_hardware
+    if cfg.engine.tp > 1:
+        check_tp_split(spec, cfg.engine.tp)
+    hw = load_hardware(dict(cfg.hardware))
+    cm_cfg = dict(cfg.costmodel or {"name": "roofline"})
+    name = cm_cfg.pop("name", "roofline")
+    if "tp" in cm_cfg:
+        raise ValueError(f"costmodel.tp={cm_cfg['tp']!r} is not a setting; the TP degree is engine.tp")
+    cm_cfg["tp"] = cfg.engine.tp  # the deployment's TP degree, one knob for both backends
+    if name in ("auto", "calibrated"):
+        cm_cfg["policy"] = cfg.policy.name  # the profile's host fit of this policy
+    return make_cost_model(name, spec, hw, cm_cfg), hw
+
+
 def sim_kv_pages(cfg, spec: ModelSpec, hardware) -> int:
     """KV pages a deployment would have: memory left after weights, per TP rank."""
     e = cfg.engine
@@ -65,8 +132,73 @@ def sim_kv_pages(cfg, spec: ModelSpec, hardware) -> int:
     return pages
 
 
-def make_scheduler(cfg, spec: ModelSpec, num_pages: int) -> Scheduler:
-    policy = make_policy(cfg.policy)
-    scfg = SchedulerConfig(num_pages=num_pages, page_size=cfg.engine.page_size, max_context=spec.max_context,
-                           cache=cfg.cache.name, eviction=cfg.eviction.name, check_every_step=cfg.check_every_step)
-    return Scheduler(scfg, policy, eviction_key(cfg.eviction.name))
+def _sim_backend(cfg, spec: ModelSpec, requests):
+    import simpy
+
+    from testbed.sim.driver import SimDriver
+    from testbed.sim.executor import SimExecutor
+    cost, hw = cost_model(cfg, spec)
+    pages = sim_kv_pages(cfg, spec, hw)
+    sched = make_scheduler(cfg, spec, pages)
+    env = simpy.Environment()
+    driver = SimDriver(sched, SimExecutor(cost, lambda: env.now), requests, overlap=cfg.engine.overlap, env=env)
+    return sched, driver, {"num_pages": pages, "page_size": cfg.engine.page_size, "cost_model": repr(cost),
+                           "overlap": cfg.engine.overlap}
+
+
+def engine_settings(cfg, spec: ModelSpec):
+    """What the engine needs of the config (testbed/engine/settings.py; imports torch)."""
+    from testbed.engine.settings import EngineSettings
+    e, m, p = cfg.engine, cfg.model, cfg.policy
+    if m.weights == "real" and not m.path:
+        raise ValueError("model.weights=real needs model.path=DIR (config.json + *.safetensors); "
+                         "or use model.weights=dummy")
+    return EngineSettings(
+        device=e.device, attention=e.attention, kernels=e.kernels, dtype=e.dtype,
+        decode_tensor_cores=e.decode_tensor_cores, prefill_backend=e.prefill_backend,
+        weights="dummy" if m.weights == "dummy" else m.path, seed=cfg.seed, page_size=e.page_size,
+        num_pages=e.num_pages, mem_fraction=e.mem_fraction, cuda_graph_max_bs=e.cuda_graph_max_bs,
+        piecewise_graphs=e.piecewise_graphs, warmup=e.warmup, overlap=e.overlap, max_running=p.max_running,
+        max_step_tokens=max(p.max_prefill_tokens, p.token_budget), tp=e.tp, debug_plan_hash=e.debug_plan_hash)
+
+
+def engine_parts(cfg):
+    """One rank's engine (tp=1), warmed up, for several runs of this model and engine settings."""
+    from testbed.engine.build import build_warm_parts
+    if cfg.engine.tp != 1:
+        raise ValueError("engine.tp > 1 builds its ranks per run; prebuilt engine parts are for tp=1")
+    spec = model_spec(cfg)
+    return build_warm_parts(engine_settings(cfg, spec), spec)
+
+
+def _engine_backend(cfg, spec: ModelSpec, requests, parts):
+    from testbed.engine.build import build_parts, build_warm_parts, warm_up_engine
+    from testbed.engine.driver import RealtimeDriver
+    from testbed.engine.executor import EngineExecutor
+    from testbed.engine.kernels import resolve_kernels
+    s = engine_settings(cfg, spec)
+    cost, _ = cost_model(cfg, spec)  # each step's prediction, beside its measurement
+
+    def executor_over(parts, sched):
+        return EngineExecutor(parts.model, parts.device, s.max_running, sched, cost, parts.graphs, parts.pieces)
+    if s.tp == 1:
+        parts = parts or build_warm_parts(s, spec)
+        sched = make_scheduler(cfg, spec, parts.slots // s.page_size)
+        executor = executor_over(parts, sched)
+    else:
+        if parts is not None:
+            raise ValueError("engine.tp > 1 builds its ranks per run; prebuilt engine parts are for tp=1")
+        from testbed.engine.tp.executor import TPExecutor
+        from testbed.engine.tp.launch import start_ranks
+        ranks = start_ranks(s, spec)
+        with ranks.stopped_on_error():
+            parts = build_parts(s, spec, ranks.tp)
+            sched = make_scheduler(cfg, spec, parts.slots // s.page_size)
+            executor = TPExecutor(executor_over(parts, sched), ranks, s.debug_plan_hash)
+            parts.warmup_s = warm_up_engine(s, spec, executor, parts)  # every rank runs the same warm-up steps
+    driver = RealtimeDriver(sched, executor, requests, overlap=s.overlap)
+    info = {"num_pages": sched.cfg.num_pages, "page_size": s.page_size, "device": str(parts.device), "tp": s.tp,
+            "attention": s.attention, "kernels": resolve_kernels(s.kernels, parts.device), "weights": str(parts.report),
+            "cuda_graphs": executor.graphs is not None, "piecewise_graphs": executor.pieces is not None,
+            "overlap": s.overlap, "cost_model": repr(cost), "warmup_s": parts.warmup_s}
+    return sched, driver, info

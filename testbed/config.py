@@ -9,6 +9,7 @@ from typing import Any, Optional
 from policies import EVICTIONS, POLICIES, PolicyConfig
 from testbed.engine.attention import ATTENTION_BACKENDS  # the names only: no torch
 from testbed.engine.kernels import check_kernels  # the names only: no torch
+from testbed.engine.options import PREFILL_BACKENDS
 from testbed.kv import PREFIX_CACHES
 from testbed.modelspec import ModelConfig
 from testbed.sim.costmodel.base import COST_MODELS
@@ -16,7 +17,6 @@ from testbed.traces import TRACES, TraceConfig
 
 BACKENDS = ("sim", "engine")
 DTYPES = ("bfloat16", "float16", "float32")
-PREFILL_BACKENDS = ("fa2", "fa3")  # engine.prefill_backend: flashinfer prefill templates (fa3: Hopper)
 
 
 class ConfigError(ValueError):

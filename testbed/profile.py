@@ -63,7 +63,8 @@ def main(argv=None) -> int:
         out = Path(own["out"]) if own["out"] else PROFILES_DIR / f"{cfg.hardware['name']}_{cfg.model.name}.json"
         from testbed.engine.profiler import HOST_POLICIES, run_profile  # imports torch
         policies = own["policies"].split(",") if own["policies"] else list(HOST_POLICIES)
-        raw = run_profile(cfg, spec, repeats=repeats, quick=quick, policies=policies,
+        raw = run_profile(assemble.engine_settings(cfg, spec), spec, assemble.scheduler_per_policy(cfg, spec),
+                          repeats=repeats, quick=quick, policies=policies,
                           host_requests=int(own["host_requests"]) if own["host_requests"] else None)
         prof = fit_profile(raw, cfg, spec, name=out.stem)
     except (ValueError, FileNotFoundError) as e:

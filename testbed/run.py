@@ -70,8 +70,8 @@ def _signals_wait_for_the_write():
 
 def run(cfg: Config, out_dir: str, engine_parts=None, keep_ids: bool | None = None, print_table: bool = True) -> dict:
     """Run one configuration; returns the summary. Ctrl-C writes what is done, marked incomplete.
-    engine_parts: a model already built for this config's engine settings (testbed.engine.build.
-    build_parts), shared by several runs. keep_ids: write the engine's output ids (default: on
+    engine_parts: a model already built for this config's engine settings (testbed.assemble.
+    engine_parts), shared by several runs. keep_ids: write the engine's output ids (default: on
     the engine). The run directory is locked while the run runs; one that another run holds or
     that holds a run already is refused (testbed/timeline/rundir.py)."""
     from testbed.timeline.rundir import claim_run_dir
@@ -90,19 +90,11 @@ def _run(cfg: Config, out_dir: str, engine_parts, keep_ids, print_table) -> dict
     from testbed.timeline import write_run
     from testbed.timeline.writer import WriteError
 
-    spec = assemble.model_spec(cfg)
-    trace = assemble.trace_for(cfg, spec)
-    requests = assemble.requests_from(trace, spec, cfg.engine)
+    built = assemble.build_run(cfg, engine_parts)
+    trace, requests, sched, driver, info = built.trace, built.requests, built.scheduler, built.driver, built.info
     for note in trace.notes:
         log.info("trace: %s", note)
-    if cfg.backend.name == "sim":
-        from testbed.sim.build import build_sim
-        driver, sched, info = build_sim(cfg, spec, requests)
-        keep_ids = False
-    else:
-        from testbed.engine.build import build_engine  # imports torch
-        driver, sched, info = build_engine(cfg, spec, requests, engine_parts)
-        keep_ids = True if keep_ids is None else keep_ids
+    keep_ids = False if cfg.backend.name == "sim" else (True if keep_ids is None else keep_ids)
     # Everything built so far (requests, their token ids, the model) lives for the whole run:
     # take it out of the cyclic GC's view so collections stay short (no multi-ms pauses mid-run).
     gc.collect()
@@ -125,12 +117,9 @@ def _run(cfg: Config, out_dir: str, engine_parts, keep_ids, print_table) -> dict
     finally:
         gc.unfreeze()  # later runs in this process (the fidelity experiment) collect as usual
         progress.close()
-        if hasattr(driver, "close"):
-            driver.close()
+        driver.close()  # stops the TP ranks
     wall = time.perf_counter() - t0
-    fill = getattr(driver.executor, "fill_predictions", None)
-    if fill is not None:  # the engine's per-step predictions, out of its timed loop
-        fill(driver.steps)
+    driver.executor.fill_predictions(driver.steps)  # the engine's per-step predictions, out of its timed loop
     integrity = leak = None
     if complete:
         integrity = sched.check_integrity()

@@ -12,10 +12,37 @@ where the host's own work takes real time and `collect` blocks on the device).
 """
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol
 
+from testbed.core import BatchPlan, StepResult
 from testbed.recording import record_step
 from testbed.timeline import StepLog
+
+
+class Executor(Protocol):
+    """Runs plans: the simulator's (modelled times), the engine's, or its tensor-parallel wrapper."""
+
+    def launch(self, plan: BatchPlan) -> Any: ...
+
+    def collect(self, handle: Any) -> StepResult: ...
+
+    def close(self, ran_to_end: bool) -> None:
+        """The run is over: stop what the executor started (TP ranks; gracefully only when no
+        step was cut short)."""
+
+    def fill_predictions(self, steps: StepLog) -> None:
+        """After the run: the predicted step times it kept out of the timed loop."""
+
+
+class Driver(Protocol):
+    """What a run drives: the step loop on some clock. `close` always follows `run`, however it ended."""
+    executor: Executor
+    steps: StepLog
+    progress: Callable | None
+
+    def run(self) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class StepLoop:
@@ -27,6 +54,9 @@ class StepLoop:
         self.progress = progress  # callable(done, total, now, output_tokens) or None
         self.steps = StepLog()
         self.ran_to_end = False  # the loop returned normally (no step cut short)
+
+    def close(self) -> None:
+        self.executor.close(self.ran_to_end)
 
     def loop(self, now: Callable[[], float]) -> Iterator[float]:
         """The loop; yields times to wait until (the driver waits, then resumes it)."""

@@ -251,12 +251,12 @@ def test_yaml_mirrors_defaults():
 
 
 def test_costmodel_tp_is_engine_tp():
+    from testbed.assemble import cost_model
     from testbed.config import compose
-    from testbed.sim.build import cost_model_for
     cfg = compose(["engine.tp=2"])
-    assert cost_model_for(cfg, LLAMA8)[0].cfg.tp == 2
+    assert cost_model(cfg, LLAMA8)[0].cfg.tp == 2
     with pytest.raises(ValueError, match="costmodel.tp=4 is not a setting; the TP degree is engine.tp"):
-        cost_model_for(compose(["engine.tp=2", "+costmodel.tp=4"]), LLAMA8)
+        cost_model(compose(["engine.tp=2", "+costmodel.tp=4"]), LLAMA8)
 
 
 def test_every_model_and_hardware_builds():

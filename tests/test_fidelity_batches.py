@@ -11,7 +11,6 @@ from testbed import assemble
 from testbed.config import compose
 from testbed.fidelity.batches import device_error_table, step_batches, step_device_errors
 from testbed.run import run
-from testbed.sim.build import cost_model_for
 
 
 def simulate(tmp_path, extra):
@@ -21,7 +20,7 @@ def simulate(tmp_path, extra):
     run(cfg, str(tmp_path / "run"), print_table=False)
     r = pd.read_parquet(tmp_path / "run/requests.parquet")
     s = pd.read_parquet(tmp_path / "run/steps.parquet")
-    return r, s, cost_model_for(cfg, assemble.model_spec(cfg))[0]
+    return r, s, assemble.cost_model(cfg, assemble.model_spec(cfg))[0]
 
 
 @pytest.mark.parametrize("policy", ["chunked", "prefill_first", "decode_first"])

@@ -92,6 +92,9 @@ class EngineExecutor:
         self.predictions.note(plan)  # predicted after the run (fill_predictions)
         return self.launch_host(hb, sampling_lists(plan, hb), plan, None, t_launch)
 
+    def close(self, ran_to_end: bool) -> None:
+        """Nothing runs beside this process (on one rank)."""
+
     def fill_predictions(self, steps) -> None:
         self.predictions.fill(steps)
 

@@ -186,30 +186,29 @@ def host_workload(n: int, vocab: int, max_context: int, seed: int) -> list[Reque
     return out
 
 
-def run_host_workloads(cfg, spec, parts, policies, n: int, serving: bool = True, quick: bool = False) -> list[dict]:
+def run_host_workloads(s, spec, parts, schedulers, policies, n: int, serving: bool = True,
+                       quick: bool = False) -> list[dict]:
     """Each policy's workloads through the real step loop; one row per step: the batch
     workload (host_workload) and, with `serving`, Poisson arrivals at two loads
     (serving_workload), which also give the steps launched after the engine sat idle
     (``idle_s``: the time between the previous step's result applied and this step's start).
-    quick: the batch workload only (tests on the CPU, where a step takes a second)."""
-    from testbed.assemble import make_scheduler
+    quick: the batch workload only (tests on the CPU, where a step takes a second).
+    s: the EngineSettings; schedulers: (policy name, num_pages) -> a scheduler of that policy."""
     from testbed.engine.driver import RealtimeDriver
     from testbed.engine.executor import EngineExecutor
 
     rows = []
     for name in policies:
-        pcfg = dataclasses.replace(cfg.policy, name=name)
-        c = dataclasses.replace(cfg, policy=pcfg)
-        loads = [("batch", host_workload(min(n, pcfg.max_running), spec.vocab_size, spec.max_context,
+        loads = [("batch", host_workload(min(n, s.max_running), spec.vocab_size, spec.max_context,
                                          seed=len(rows)))]
         if serving and not quick:
             loads += [(f"serving_{rate:g}", serving_workload(count, rate, spec.vocab_size, spec.max_context,
                                                              seed=len(rows) + k))
                       for k, (rate, count) in enumerate(SERVING_LOADS)]
         for workload, reqs in loads:
-            sched = make_scheduler(c, spec, parts.slots // cfg.engine.page_size)
-            ex = EngineExecutor(parts.model, parts.device, pcfg.max_running, sched, None, parts.graphs, parts.pieces)
-            driver = RealtimeDriver(sched, ex, reqs, overlap=cfg.engine.overlap)
+            sched = schedulers(name, parts.slots // s.page_size)
+            ex = EngineExecutor(parts.model, parts.device, s.max_running, sched, None, parts.graphs, parts.pieces)
+            driver = RealtimeDriver(sched, ex, reqs, overlap=s.overlap)
             gc.collect()
             gc.freeze()
             driver.run()
@@ -256,33 +255,32 @@ def serving_workload(n: int, rate: float, vocab: int, max_context: int, seed: in
     return out
 
 
-def run_profile(cfg, spec, repeats: int = 5, quick: bool = False, policies=HOST_POLICIES,
+def run_profile(s, spec, schedulers, repeats: int = 5, quick: bool = False, policies=HOST_POLICIES,
                 host_requests: int | None = None) -> dict:
-    """Build the engine of `cfg` once (warmed up, whatever engine.warmup says: compilation must
-    not land in the timings), time the device grid and the host workloads."""
-    from testbed.engine.build import build_parts
+    """Build the engine of EngineSettings `s` once (warmed up, whatever engine.warmup says:
+    compilation must not land in the timings), time the device grid and the host workloads;
+    schedulers: (policy name, num_pages) -> a scheduler of that policy."""
+    from testbed.engine.build import build_warm_parts
     from testbed.engine.executor import EngineExecutor
 
-    e, p = cfg.engine, cfg.policy
-    if e.tp != 1:
-        raise ValueError(f"engine.tp={e.tp}: the profiler runs one rank (engine.tp=1)")
-    cfg = dataclasses.replace(cfg, engine=dataclasses.replace(e, warmup=True))
+    if s.tp != 1:
+        raise ValueError(f"engine.tp={s.tp}: the profiler runs one rank (engine.tp=1)")
+    s = dataclasses.replace(s, warmup=True)
     t0 = time.perf_counter()
-    parts = build_parts(cfg, spec)
+    parts = build_warm_parts(s, spec)
     device, slots, graphs = parts.device, parts.slots, parts.graphs
     sizes = list(graphs.sizes) if graphs is not None else []
-    ex = EngineExecutor(parts.model, device, p.max_running, None, None, graphs, parts.pieces)
-    max_tokens = max(p.max_prefill_tokens, p.token_budget)
+    ex = EngineExecutor(parts.model, device, s.max_running, None, None, graphs, parts.pieces)
     cps = _sleep_cycles_per_s(device) if device.type == "cuda" else None
-    grid = device_grid(max_tokens, p.max_running, sizes, min(slots, 1 << 20), quick)
+    grid = device_grid(s.max_step_tokens, s.max_running, sizes, min(slots, 1 << 20), quick)
     samples = []
     for sh in grid:
-        m = time_shape(ex, sh.extend, sh.cached, slots, e.page_size, spec.vocab_size, repeats, cps)
+        m = time_shape(ex, sh.extend, sh.cached, slots, s.page_size, spec.vocab_size, repeats, cps)
         samples.append(shape_record(sh) | m)
     t_dev = time.perf_counter() - t0
-    host = run_host_workloads(cfg, spec, parts, policies, host_requests or p.max_running, quick=quick)
+    host = run_host_workloads(s, spec, parts, schedulers, policies, host_requests or s.max_running, quick=quick)
     return {
-        "device_samples": samples, "host_samples": host, "graph_sizes": sizes, "num_pages": slots // e.page_size,
+        "device_samples": samples, "host_samples": host, "graph_sizes": sizes, "num_pages": slots // s.page_size,
         "piece_sizes": list(parts.pieces.sizes) if parts.pieces is not None else [],
         "timing": {"device_grid_s": t_dev, "host_workloads_s": time.perf_counter() - t0 - t_dev,
                    "shapes": len(grid), "repeats": repeats},

@@ -18,7 +18,6 @@ def run_engine_cells(cells, out: Path, repeats: int = 2) -> list[str]:
 
     from testbed import assemble
     from testbed.config import compose
-    from testbed.engine.build import build_parts
     from testbed.run import run
 
     failed = []
@@ -30,7 +29,7 @@ def run_engine_cells(cells, out: Path, repeats: int = 2) -> list[str]:
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-            parts = build_parts(cfg, assemble.model_spec(cfg))
+            parts = assemble.engine_parts(cfg)
             parts_model = cell.model
         for k in range(1, repeats + 1):
             d = out / "runs" / cell.name / f"r{k}"

@@ -235,9 +235,8 @@ def cell_cost_model(run: Path, cell):
     """The calibrated cost model the simulator replays the cell with."""
     from testbed import assemble
     from testbed.config import compose
-    from testbed.sim.build import cost_model_for
     cfg = compose(sim_overrides(cell, json.loads((run / "summary.json").read_text())))
-    return cost_model_for(cfg, assemble.model_spec(cfg))[0]
+    return assemble.cost_model(cfg, assemble.model_spec(cfg))[0]
 
 
 def engine_start(out: Path) -> str:

@@ -56,6 +56,12 @@ class SimExecutor:
     def collect(self, h: SimHandle) -> StepResult:
         return StepResult(duration=h.duration, tokens=h.tokens, predicted=h.predicted)
 
+    def close(self, ran_to_end: bool) -> None:
+        """Nothing was started."""
+
+    def fill_predictions(self, steps) -> None:
+        """Every step's prediction was recorded in the loop."""
+
 
 def synthetic_tokens(plan: BatchPlan) -> np.ndarray:
     """Deterministic stand-in ids (never an EOS: the simulator's lengths come from the trace):

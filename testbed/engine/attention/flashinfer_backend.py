@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import torch
 
-from testbed.config import PREFILL_BACKENDS
 from testbed.engine.attention import ATTENTION_BACKENDS
 from testbed.engine.attention.base import AttentionBackend
 from testbed.engine.forward_batch import ForwardBatch, paged_kv_layout
+from testbed.engine.options import PREFILL_BACKENDS
 
 __all__ = ["FlashInferAttentionBackend"]
 

@@ -3,24 +3,21 @@ out: normally, on an error, on Ctrl-C, or when a rank dies (the run then ends wi
 error naming it; no rank is left behind)."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing as mp
 import os
 import socket
 import threading
 import time
+from dataclasses import dataclass
 
 import torch
 
-from testbed.assemble import make_scheduler
+from testbed.engine.build import engine_device
+from testbed.engine.tp.group import TPGroup, init_group, share_cpu
+from testbed.engine.tp.worker import worker_main
 from testbed.modelspec import check_tp_split
-from testbed.engine.batch_builder import build_host_batch
-from testbed.engine.build import (EngineParts, create_pool, engine_device, engine_info, kv_slots, load_model_for,
-                                  make_executor, make_graphs, make_pieces, warm_up_engine)
-from testbed.engine.driver import RealtimeDriver
-from testbed.engine.executor import sampling_lists
-from testbed.engine.tp.messages import check_same_plan
-from testbed.engine.tp.worker import agree_kv_slots, init_group, share_cpu, worker_main
 
 log = logging.getLogger(__name__)
 
@@ -74,82 +71,29 @@ class RankSupervisor:
         self.terminate()
 
 
-class TPExecutor:
-    """Rank 0's executor: broadcast the prepared step, then run it locally like every rank."""
+@dataclass
+class TPRanks:
+    """Rank 0's view of the running group: its own place in it and the other ranks' processes."""
+    tp: TPGroup
+    supervisor: RankSupervisor
 
-    def __init__(self, local, msg_group, supervisor: RankSupervisor, debug_hash: bool):
-        self.local = local
-        self.msg_group = msg_group
-        self.sup = supervisor
-        self.debug_hash = debug_hash
-        self.cuda = local.cuda
-        self.cost_model = local.cost_model
-        self.graphs = local.graphs
-        self.pieces = local.pieces
-        self._closed = False
-
-    def _failure(self, e: Exception) -> RuntimeError:
-        """A collective failed: name the rank that died (it may take a moment to be seen dead)."""
-        deadline = time.monotonic() + 5.0
-        while not self.sup.dead() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        dead = self.sup.dead()
-        return RuntimeError(f"tensor parallel: {'; '.join(dead)}" if dead else f"tensor parallel: a collective failed: {e}")
-
-    def _send(self, obj) -> None:
-        import torch.distributed as dist
+    @contextlib.contextmanager
+    def stopped_on_error(self):
+        """Ends every rank if the block fails (building rank 0's shard, the warm-up): the
+        others would wait for rank 0 in a collective forever."""
         try:
-            dist.broadcast_object_list([obj], src=0, group=self.msg_group)
-        except Exception as e:
-            raise self._failure(e) from None
-
-    def launch(self, plan):
-        t = time.perf_counter()
-        sched = self.local.sched
-        hb = build_host_batch(plan, sched.page_table.table, sched.page_size)
-        self.local.predictions.note(plan)  # predicted after the run
-        return self.launch_host(hb, sampling_lists(plan, hb), plan, None, t)
-
-    def fill_predictions(self, steps) -> None:
-        self.local.fill_predictions(steps)
-
-    def launch_host(self, hb, sampling, plan=None, predicted=None, t_launch=None):
-        """Send a prepared step to every rank and run it here (warm-up launches these directly)."""
-        self._send((hb, sampling))
-        if self.debug_hash:
-            check_same_plan(hb, self.msg_group, 0)
-        try:
-            return self.local.launch_host(hb, sampling, plan, predicted, t_launch)
-        except Exception as e:
-            raise self._failure(e) from None
-
-    def collect(self, handle):
-        try:
-            return self.local.collect(handle)
-        except Exception as e:
-            raise self._failure(e) from None
-
-    def close(self, graceful: bool) -> None:
-        """Stop the ranks. Graceful (the run ended between steps): tell them to stop and wait.
-        Otherwise (an error, Ctrl-C) a rank may be waiting inside a collective of the step
-        that was cut short, and a goodbye message would wait for it forever: end them."""
-        if self._closed:
-            return
-        self._closed = True
-        if not graceful or self.sup.dead():
-            self.sup.terminate()
-            return
-        self._send(None)
-        self.sup.close()
-        import torch.distributed as dist
-        dist.destroy_process_group()
+            yield
+        except BaseException:
+            self.supervisor.terminate()
+            raise
 
 
-def build_tp_engine(cfg, spec, requests):
-    e = cfg.engine
-    world = e.tp
+def start_ranks(settings, spec) -> TPRanks:
+    """Ranks 1..tp-1 in processes of their own, each building its shard from `settings` and
+    `spec`; returns once this process has joined the group as rank 0."""
+    world = settings.tp
     check_tp_split(spec, world)
-    device = engine_device(cfg, 0)
+    device = engine_device(settings, 0)
     if device.type == "cuda":
         if torch.cuda.device_count() < world:
             raise ValueError(f"engine.tp={world} needs {world} GPUs, {torch.cuda.device_count()} visible")
@@ -159,29 +103,14 @@ def build_tp_engine(cfg, spec, requests):
         share_cpu(world)
     port = _free_port()
     ctx = mp.get_context("spawn")
-    procs = {r: ctx.Process(target=worker_main, args=(r, world, port, cfg, spec), daemon=True, name=f"tp-rank-{r}")
-             for r in range(1, world)}
+    procs = {r: ctx.Process(target=worker_main, args=(r, world, port, settings, spec), daemon=True,
+                            name=f"tp-rank-{r}") for r in range(1, world)}
     for p in procs.values():
         p.start()
     sup = RankSupervisor(procs)
     try:
-        group, msg_group = init_group(0, world, port, device.type == "cuda")
-        model, report = load_model_for(cfg, spec, device, 0, world, group)
-        slots = agree_kv_slots(kv_slots(cfg, model, device), msg_group)
-        create_pool(model, slots, e.page_size)
-        sched = make_scheduler(cfg, spec, slots // e.page_size)
-        graphs = make_graphs(cfg, model, device, slots // e.page_size, spec.max_context)
-        pieces = make_pieces(cfg, model, device, slots // e.page_size)
-        local = make_executor(cfg, spec, EngineParts(device, model, slots, graphs, report, None, pieces), sched)
+        tp = init_group(0, world, port, device.type == "cuda")
     except BaseException:
         sup.terminate()
         raise
-    executor = TPExecutor(local, msg_group, sup, e.debug_plan_hash)
-    try:
-        warm = warm_up_engine(cfg, spec, executor, slots, device)  # every rank runs the same warm-up steps
-    except BaseException:
-        executor.close(graceful=False)
-        raise
-    driver = RealtimeDriver(sched, executor, requests, overlap=e.overlap)
-    driver.close = lambda: executor.close(graceful=driver.ran_to_end)
-    return driver, sched, engine_info(cfg, sched, device, report, executor) | {"warmup_s": warm}
+    return TPRanks(tp, sup)

@@ -1,0 +1,34 @@
+"""What the engine is built from: the numbers and names it needs, taken from the run's
+config by the composition root (testbed/assemble.py). The engine reads nothing else of the
+config, and tensor-parallel ranks receive this (it pickles) instead of the config."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    device: str  # cuda | cpu
+    attention: str  # flashinfer | torch
+    kernels: str  # auto | torch | triton
+    dtype: str
+    decode_tensor_cores: bool | None  # flashinfer only; None: the backend decides
+    prefill_backend: str  # flashinfer prefill template
+    weights: str  # "dummy" (generated from `seed`) or a safetensors directory
+    seed: int
+    page_size: int
+    num_pages: int | None  # fixed KV pool; None: sized from free memory
+    mem_fraction: float
+    cuda_graph_max_bs: int  # 0: no decode graphs
+    piecewise_graphs: bool
+    warmup: bool
+    overlap: bool  # the host prepares step N+1 while the device runs step N
+    max_running: int  # the policy's cap on a batch's requests: page-table rows, the largest decode batch
+    max_step_tokens: int  # the most tokens the policy puts in a step (prefill budget or token budget)
+    tp: int = 1
+    debug_plan_hash: bool = False
+
+    @property
+    def eager_max_tokens(self) -> int:
+        """The most tokens a step outside the decode graphs can have."""
+        return max(self.max_step_tokens, self.max_running)
