@@ -9,6 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from policies import eviction_key, make_policy
+from testbed.config import resolved_overlap
 from testbed.core import Request, SamplingParams
 from testbed.modelspec import ModelSpec, check_tp_split, model_spec_from_cfg
 from testbed.scheduler import Scheduler, SchedulerConfig
@@ -141,9 +142,9 @@ def _sim_backend(cfg, spec: ModelSpec, requests):
     pages = sim_kv_pages(cfg, spec, hw)
     sched = make_scheduler(cfg, spec, pages)
     env = simpy.Environment()
-    driver = SimDriver(sched, SimExecutor(cost, lambda: env.now), requests, overlap=cfg.engine.overlap, env=env)
+    driver = SimDriver(sched, SimExecutor(cost, lambda: env.now), requests, overlap=resolved_overlap(cfg), env=env)
     return sched, driver, {"num_pages": pages, "page_size": cfg.engine.page_size, "cost_model": repr(cost),
-                           "overlap": cfg.engine.overlap}
+                           "overlap": resolved_overlap(cfg)}
 
 
 def engine_settings(cfg, spec: ModelSpec):
@@ -158,7 +159,7 @@ def engine_settings(cfg, spec: ModelSpec):
         decode_tensor_cores=e.decode_tensor_cores, prefill_backend=e.prefill_backend,
         weights="dummy" if m.weights == "dummy" else m.path, seed=cfg.seed, page_size=e.page_size,
         num_pages=e.num_pages, mem_fraction=e.mem_fraction, cuda_graph_max_bs=e.cuda_graph_max_bs,
-        piecewise_graphs=e.piecewise_graphs, warmup=e.warmup, overlap=e.overlap, max_running=p.max_running,
+        piecewise_graphs=e.piecewise_graphs, warmup=e.warmup, overlap=resolved_overlap(cfg), max_running=p.max_running,
         max_step_tokens=max(p.max_prefill_tokens, p.token_budget), tp=e.tp, debug_plan_hash=e.debug_plan_hash)
 
 

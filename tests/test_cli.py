@@ -332,3 +332,15 @@ def test_a_full_disk_loses_only_the_file_it_could_not_write(tmp_path, monkeypatc
     assert len(pd.read_parquet(out / "requests.parquet")) == 20
     if victim != "summary.json":
         assert json.loads((out / "summary.json").read_text())["unwritten_files"] == [victim]
+
+
+@pytest.mark.parametrize("overrides,want", [
+    ([], True),  # the simulator models a GPU engine
+    (["backend=engine", "engine.device=cuda"], True),
+    (["backend=engine", "engine.device=cpu"], False),  # every op runs as it is enqueued: overlap only costs
+    (["backend=engine", "engine.device=cpu", "engine.overlap=true"], True),
+    (["engine.overlap=false"], False),
+])
+def test_overlap_defaults_per_device(overrides, want):
+    from testbed.config import compose, resolved_overlap
+    assert resolved_overlap(compose(overrides)) is want

@@ -412,6 +412,7 @@ def fa2_shape(spec, engine, num_sms: int) -> Fa2Shape | None:
 
 def fit_profile(raw: dict, cfg, spec, name: str | None = None) -> dict:
     """The profile dict (calibrated.load_profile reads it back) from run_profile's output."""
+    from testbed.config import resolved_overlap
     from testbed.sim.costmodel.calibrated import CalibratedCostModel
     from testbed.sim.costmodel.hardware import load_hardware
 
@@ -438,7 +439,7 @@ def fit_profile(raw: dict, cfg, spec, name: str | None = None) -> dict:
         "model": {"name": cfg.model.name, **{f: getattr(spec, f) for f in MODEL_FIELDS}, "weights": cfg.model.weights},
         "hardware": hw,
         "engine": {"tp": e.tp, "page_size": e.page_size, "attention": e.attention, "kernels": e.kernels,
-                   "dtype": e.dtype, "overlap": e.overlap, "cuda_graph_max_bs": e.cuda_graph_max_bs,
+                   "dtype": e.dtype, "overlap": resolved_overlap(cfg), "cuda_graph_max_bs": e.cuda_graph_max_bs,
                    "graph_sizes": sizes, "num_pages": raw["num_pages"], "prefill_backend": e.prefill_backend,
                    "decode_tensor_cores": e.decode_tensor_cores, "max_running": p.max_running,
                    "max_prefill_tokens": p.max_prefill_tokens, "token_budget": p.token_budget,
