@@ -53,7 +53,7 @@ class EngineConfig:
     prefill_backend: str = "fa2"  # flashinfer prefill kernel template: fa2 | fa3 (Hopper)
     dtype: str = "bfloat16"
     # None: on, except for the engine on a CPU (there every op runs as it is enqueued, and
-    # overlapped steps ran several times slower: 2-4 s against 0.3-0.6 s per SmolLM2 decode step)
+    # overlapped steps ran several times slower on a 2-core machine)
     overlap: Optional[bool] = None
     cuda_graph_max_bs: int = 256  # decode CUDA graphs up to this batch; 0 disables them
     # CUDA graphs for the other steps (prefill, mixed, decode beyond the graphs), in pieces
