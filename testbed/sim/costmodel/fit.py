@@ -50,6 +50,12 @@ PROFILE_FORMAT = 2
 #: engine's loop sleeps only when nothing is in flight and the next arrival is ahead
 WAKE_GAP_S = 1e-3
 WAKE_MIN_STEPS = 10
+
+
+def woken(row: dict) -> bool:
+    """A host-workload step scheduled after the host sat idle (rows of profiles measured before
+    idle gaps were recorded have no idle_s: never woken)."""
+    return (row.get("idle_s") or 0.0) > WAKE_GAP_S
 HOST_FEATURES = {"decode": ("const", "reqs", "kv_tokens"), "prefill": ("const", "reqs", "tokens", "kv_tokens")}
 LAUNCH_FEATURES = {"graph": ("const", "reqs"), "eager": ("const", "reqs", "tokens")}
 COMPLETE_FEATURES = ("const", "reqs")
@@ -346,8 +352,7 @@ def host_columns(rows: list[dict]) -> dict[str, np.ndarray]:
 def fit_host(rows: list[dict], max_graph: int) -> dict:
     """The host fits of the steps that followed no idle gap, and the wake factors of those
     that did (absent when the workloads have fewer than WAKE_MIN_STEPS of them)."""
-    awake = [r for r in rows if (r.get("idle_s") or 0.0) <= WAKE_GAP_S]
-    c = host_columns(awake)
+    c = host_columns([r for r in rows if not woken(r)])
     out = {}
     for kind, on in (("decode", c["decode"]), ("prefill", ~c["decode"])):
         if on.sum() < len(HOST_FEATURES[kind]) + 1:
@@ -368,9 +373,9 @@ def fit_host(rows: list[dict], max_graph: int) -> dict:
             _features(sub, LAUNCH_FEATURES[kind]), sub["launch_s"]))))
     if "launch_graph" not in out:
         out["launch_graph"] = dict(out["launch_eager"])
-    woken = [r for r in rows if (r.get("idle_s") or 0.0) > WAKE_GAP_S]
-    if len(woken) >= WAKE_MIN_STEPS:
-        out["wake"] = fit_wake(woken, out, max_graph)
+    after_idle = [r for r in rows if woken(r)]
+    if len(after_idle) >= WAKE_MIN_STEPS:
+        out["wake"] = fit_wake(after_idle, out, max_graph)
     return out
 
 
@@ -498,10 +503,10 @@ def fit_errors(model, prof: dict) -> dict:
     h = prof["samples"]["host"]
     if h:
         rows = [dict(zip(h, vals)) for vals in zip(*h.values())]
-        woken = [r for r in rows if (r.get("idle_s") or 0.0) > WAKE_GAP_S]
-        rows = [r for r in rows if (r.get("idle_s") or 0.0) <= WAKE_GAP_S]  # woken steps: the wake factors
+        n_woken = sum(map(woken, rows))
+        rows = [r for r in rows if not woken(r)]  # woken steps: the wake factors
         w = prof["host"]["all"].get("wake")
-        out["wake"] = {"n": len(woken), **({"host_factor": w["host"], "launch_factor": w["launch"]} if w else {})}
+        out["wake"] = {"n": n_woken, **({"host_factor": w["host"], "launch_factor": w["launch"]} if w else {})}
         for pol in sorted(set(h["policy"])):
             sub = [r for r in rows if r["policy"] == pol]
             c = host_columns(sub)
