@@ -54,11 +54,10 @@ def evaluate(out: Path, cells) -> dict:
     return res
 
 
-def host_ratio(steps_path: Path, cost) -> float | None:
-    """Median over a run's steps of the engine's host time (host_s + launch_s) over the
-    profile's host fit for the same step: how fast the engine's host ran (1.0 = as profiled)."""
-    s = pd.read_parquet(steps_path, columns=["batch_reqs", "prefill_tokens", "decode_tokens", "context_tokens",
-                                             "host_s", "launch_s"])
+def host_ratio(s: pd.DataFrame, cost) -> float | None:
+    """Median over a run's steps (steps.parquet) of the engine's host time (host_s + launch_s)
+    over the profile's host fit for the same step: how fast the engine's host ran (1.0 = as
+    profiled)."""
     if not len(s):
         return None
     p = cost.host_parts_arrays(s["batch_reqs"], s["prefill_tokens"] + s["decode_tokens"], s["context_tokens"])
@@ -111,13 +110,15 @@ def markdown(res: dict, out: Path, profile_info: dict, device: dict) -> str:
              "The last column is each engine run's host speed: its host time per step (schedule, batch build, "
              "upload, kernel launch) over the profile's host fit for the same steps, the median over the run's "
              "steps (1.00: as profiled; 1.50: the host took half as long again). It is a property of the machine "
-             "at the time of the run, not of the cell: on the H200 machines measured here it moved between 0.9 "
-             "and 2.1 from run to run and within runs, and neither a CPU probe beside the engine nor one in its "
-             "process before each run followed it (benchmarks/diag_thermo.py, benchmarks/results/host/). A step "
-             "launched after the engine sat idle costs about 3x its profiled host time. Where the engine is "
-             "host-bound (Qwen3-0.6B at small batches, chunked prefill steps) its metrics move with this speed; "
-             "the simulator replays every run at 1.00. Over these engine runs the host speed had a median of "
-             f"{np.median(speeds):.2f} (from {min(speeds):.2f} to {max(speeds):.2f})." if speeds else "", ""]
+             "at the time of the run, not of the cell: it moves from run to run and within runs, and neither a CPU "
+             "probe beside the engine nor one in its process before each run followed it "
+             "(benchmarks/diag_thermo.py, benchmarks/results/host/). Where the engine is host-bound (Qwen3-0.6B at "
+             "small batches, chunked prefill steps) its metrics move with this speed; the simulator replays every "
+             "run at 1.00, and a step launched after an idle gap at the profile's wake factors"
+             + "".join(f"; {m}: host x{v['wake'][0]:.2f}, launch x{v['wake'][1]:.2f}"
+                       for m, v in profile_info.items() if v["wake"])
+             + "." + (f" Over these engine runs the host speed had a median of {np.median(speeds):.2f} (from "
+                      f"{min(speeds):.2f} to {max(speeds):.2f})." if speeds else ""), ""]
     head = ["cell", "req/s", "n"] + [label(k) for k in HEADLINE] + ["host speed r1 / r2"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, c in res.items():
@@ -206,23 +207,20 @@ def cdf_plots(res: dict, out: Path) -> list[Path]:
 
 def write_report(out: Path, cells) -> dict:
     res = evaluate(out, cells)
+    per_model: dict[str, list[pd.DataFrame]] = {}
     for name, c in res.items():
         if "errors" in c:
-            runs = engine_runs(out, next(x for x in cells if x.name == name))
-            st = step_table(pd.read_parquet(runs[0] / "steps.parquet"),
-                            pd.read_parquet(out / "sim" / name / "steps.parquet"))
+            cell = next(x for x in cells if x.name == name)
+            runs = engine_runs(out, cell)
+            engine = [(pd.read_parquet(p / "requests.parquet"), pd.read_parquet(p / "steps.parquet")) for p in runs]
+            st = step_table(engine[0][1], pd.read_parquet(out / "sim" / name / "steps.parquet"))
             c["steps"] = st.to_dict(orient="records")
-            cost = cell_cost_model(runs[0], next(x for x in cells if x.name == name))
-            c["host_ratio"] = [host_ratio(p / "steps.parquet", cost) for p in runs]
-            errs = pd.concat([step_device_errors(pd.read_parquet(p / "requests.parquet"),
-                                                 pd.read_parquet(p / "steps.parquet"), cost) for p in runs])
-            c["device_errors"] = errs.assign(model=c["cell"]["model"])  # for the all-cells table; not in the json
+            cost = cell_cost_model(runs[0], cell)
+            c["host_ratio"] = [host_ratio(steps, cost) for _, steps in engine]
+            errs = pd.concat([step_device_errors(reqs, steps, cost) for reqs, steps in engine])
+            per_model.setdefault(c["cell"]["model"], []).append(errs)  # for the all-cells table
             c["device_steps"] = device_error_table(errs).to_dict(orient="records")
     prof = profile_info(out, cells)
-    per_model = {}
-    for c in res.values():
-        if "device_errors" in c:
-            per_model.setdefault(c["cell"]["model"], []).append(c.pop("device_errors"))
     device = {m: device_error_table(pd.concat(v)).to_dict(orient="records") for m, v in per_model.items()}
     (out / "fidelity.json").write_text(json.dumps({"profiles": prof, "cells": res, "device_steps": device}, indent=1,
                                                   default=str) + "\n")
@@ -256,7 +254,9 @@ def profile_info(out: Path, cells) -> dict:
         # how far the pooled machine starts' device grids lie apart, per shape measured on several
         apart = [abs(t / np.median(v) - 1) for d in p["samples"]["device"]
                  if len(v := d.get("device_s_by_start", [])) > 1 for t in v]
+        w = p["host"]["all"].get("wake")
         info[model] = {"host_starts": [h.get("date") for h in p.get("host_machines", [m])],
+                       "wake": (w["host"], w["launch"]) if w else None,
                        "device_starts": [h.get("date") for h in p.get("device_machines", [m])],
                        "device_apart": (float(np.median(apart)), float(np.percentile(apart, 90))) if apart else None,
                        "profile": name, "measured": m.get("date"), "gpu": m.get("gpu"),
