@@ -30,4 +30,4 @@ def test_slots_are_used_in_turn_and_grow():
     big = np.arange(5000)
     c = up.upload([big])[0]  # slot 0 again, grown past its first capacity
     assert np.array_equal(c.numpy(), big) and np.array_equal(b.numpy(), np.arange(10) + 100)
-    up.release()  # no events on the CPU
+    up.release(None)  # no events on the CPU

@@ -70,16 +70,16 @@ class DecodeGraphs:
         self.ids[:B].copy_(fb.input_ids)
         self.pos[:B].copy_(fb.positions)
         self.loc[:B].copy_(fb.out_cache_loc)
-        if pad:
-            self.ids[B:bs].zero_()
-            self.pos[B:bs].zero_()
-            self.loc[B:bs].fill_(self.scratch_slot)
         indptr, page_ids, last = paged_kv_layout(fb.host_kv_indptr(), fb.kv_indices, self.page_size)
-        if pad:  # padding rows: one token each, in the scratch page
+        if pad:
+            # padding rows: one token each in the scratch page, written to the scratch slot;
+            # their token ids and positions are what earlier steps left there (valid values)
+            self.loc[B:bs].fill_(self.scratch_slot)
             indptr = torch.cat([indptr, indptr[-1] + torch.arange(1, pad + 1, dtype=indptr.dtype)])
-            page_ids = torch.cat([page_ids, torch.full((pad,), self.scratch_page, dtype=page_ids.dtype,
-                                                      device=page_ids.device)])
             last = torch.cat([last, torch.ones(pad, dtype=last.dtype)])
-        self._plan(bs, indptr, page_ids, last)
+        self._plan(bs, indptr, page_ids, last)  # copies page_ids into self.indices[:P]
+        if pad:  # the padding rows' page ids follow the real ones (after plan's copy, in stream order)
+            P = page_ids.numel()
+            self.indices[P:P + pad].fill_(self.scratch_page)
         self.graphs[bs].replay()
         return self.logits[bs][:B]

@@ -1,11 +1,27 @@
-"""The wall-clock driver: runs the step loop (testbed.steploop) in real time, sleeping
-while it waits for the next arrival; the engine's own work (host and device) takes the
-time it takes."""
+"""The wall-clock driver: runs the step loop (testbed.steploop) in real time, waiting for
+the next arrival; the engine's own work (host and device) takes the time it takes.
+
+A wait sleeps, but spins its last SPIN_S: on the H200 machine (a VM) the first step after
+the process slept for a millisecond or more took about twice the host time of the steps
+around it (the profile's wake factor), which made the engine's latencies follow how often
+it went idle. Spinning keeps the core awake for the step that ends the wait."""
 from __future__ import annotations
 
 import time
 
 from testbed.steploop import StepLoop
+
+
+SPIN_S = 0.005  # the end of each wait that is spun instead of slept
+
+
+def wait_until(clock, t: float) -> None:
+    """Return once clock() >= t: sleep while more than SPIN_S is left, then spin."""
+    left = t - clock()
+    if left > SPIN_S:
+        time.sleep(left - SPIN_S)
+    while clock() < t:
+        pass
 
 
 class RealtimeDriver(StepLoop):
@@ -19,6 +35,4 @@ class RealtimeDriver(StepLoop):
     def run(self) -> None:
         self._t0 = time.perf_counter()
         for t in self.loop(self.now):
-            wait = t - self.now()
-            if wait > 0:
-                time.sleep(wait)
+            wait_until(self.now, t)

@@ -5,8 +5,8 @@ pageable memory, each copy is a staged, partly synchronous transfer (~50-100 us 
 more for a large page table). Here they are packed into one pinned buffer per dtype and
 sent with one asynchronous copy each, into a device buffer the step then reads views of.
 
-Buffers are used in turn (``slots`` of them); a slot is reused only after the event recorded
-by :meth:`release` for its last use -- put after everything the step enqueued -- has passed,
+Buffers are used in turn (``slots`` of them); a slot is reused only after the event given to
+:meth:`release` for its last use -- recorded after everything the step enqueued -- has passed,
 so neither a copy still in flight nor a kernel still reading is overwritten.
 """
 from __future__ import annotations
@@ -62,10 +62,8 @@ class PinnedUploader:
                 dev[:total].copy_(host[:total], non_blocking=self.cuda)
         return out  # type: ignore[return-value]
 
-    def release(self) -> None:
-        """Mark the end of what reads the last upload's buffers (record after enqueueing the step)."""
-        if not self.cuda:
-            return
-        ev = torch.cuda.Event()
-        ev.record()
-        self._events[(self._turn - 1) % len(self._events)] = ev  # the last upload's slot
+    def release(self, event: "torch.cuda.Event") -> None:
+        """Mark the end of what reads the last upload's buffers: ``event``, recorded after
+        everything the step enqueued."""
+        if self.cuda:
+            self._events[(self._turn - 1) % len(self._events)] = event  # the last upload's slot
