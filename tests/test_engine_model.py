@@ -231,28 +231,14 @@ def test_greedy_decode_matches_hf_generate(hf_dir):
 # --- the flashinfer backend's plan/run mapping, against a CPU stand-in for flashinfer -------
 
 
-class _FakePagedWrapper:
-    """flashinfer's paged wrappers as documented (0.6.x argument names, NHD layout), computed
-    naively: kv_len = (pages - 1) * page_size + last_page_len, causal mask aligned to the end."""
+class _FakeCompiledModule:
+    """The compiled half of a fake wrapper: the attention itself, from positional arguments
+    (flashinfer's wrappers end each run() in one such call)."""
 
-    plans = 0
+    calls = 0
 
-    def __init__(self, float_workspace_buffer, kv_layout="NHD", use_tensor_cores=False, backend="auto"):
-        assert kv_layout == "NHD"
-        assert backend in ("auto", "fa2", "fa3")  # auto: the non-tensor-core decode kernel (no template choice)
-        self._plan = None
-
-    def _check(self, indptr, indices, last_page_len, page_size):
-        assert indptr.dtype == indices.dtype == last_page_len.dtype == torch.int32
-        assert ((last_page_len >= 1) & (last_page_len <= page_size)).all()
-        assert int(indptr[-1]) == indices.numel()
-        _FakePagedWrapper.plans += 1
-
-    def run(self, q, paged_kv_cache, *, out=None):
-        k_cache, v_cache = paged_kv_cache  # [pages, page_size, kv_heads, D]
-        p = self._plan
-        assert out is None or (out.shape == q.shape and out.dtype == q.dtype)
-        out = torch.empty_like(q) if out is None else out
+    def paged_run(self, q, k_cache, v_cache, out, p):
+        _FakeCompiledModule.calls += 1
         group = p["num_qo_heads"] // p["num_kv_heads"]
         for i in range(len(p["last"])):
             pages = p["indices"][p["indptr"][i] : p["indptr"][i + 1]].long()
@@ -266,6 +252,34 @@ class _FakePagedWrapper:
                 allowed = torch.arange(kv_len)[None, :] <= torch.arange(kv_len - n, kv_len)[:, None]
                 scores = scores.masked_fill(~allowed, float("-inf"))
             out[q0:q1] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v.float()).to(q.dtype)
+
+
+class _FakePagedWrapper:
+    """flashinfer's paged wrappers as documented (0.6.x argument names, NHD layout), computed
+    naively: kv_len = (pages - 1) * page_size + last_page_len, causal mask aligned to the end.
+    run() checks its arguments and makes one call into its compiled module, as flashinfer's do."""
+
+    plans = 0
+    runs = 0
+
+    def __init__(self, float_workspace_buffer, kv_layout="NHD", use_tensor_cores=False, backend="auto"):
+        assert kv_layout == "NHD"
+        assert backend in ("auto", "fa2", "fa3")  # auto: the non-tensor-core decode kernel (no template choice)
+        self._plan = None
+        self._cached_module = _FakeCompiledModule()
+
+    def _check(self, indptr, indices, last_page_len, page_size):
+        assert indptr.dtype == indices.dtype == last_page_len.dtype == torch.int32
+        assert ((last_page_len >= 1) & (last_page_len <= page_size)).all()
+        assert int(indptr[-1]) == indices.numel()
+        _FakePagedWrapper.plans += 1
+
+    def run(self, q, paged_kv_cache, *, out=None):
+        _FakePagedWrapper.runs += 1
+        k_cache, v_cache = paged_kv_cache  # [pages, page_size, kv_heads, D]
+        assert out is None or (out.shape == q.shape and out.dtype == q.dtype)
+        out = torch.zeros_like(q) if out is None else out
+        self._cached_module.paged_run(q, k_cache, v_cache, out, self._plan)
         return out
 
 
@@ -307,7 +321,7 @@ def fake_flashinfer(monkeypatch):
     mod.BatchPrefillWithPagedKVCacheWrapper = _FakePrefillWrapper
     monkeypatch.setitem(sys.modules, "flashinfer", mod)
     monkeypatch.setattr(FlashInferAttentionBackend, "_require_cuda", False)
-    _FakePagedWrapper.plans = 0
+    _FakePagedWrapper.plans = _FakePagedWrapper.runs = _FakeCompiledModule.calls = 0
     return mod
 
 
@@ -322,6 +336,9 @@ def test_flashinfer_mapping_matches_hf_generate(hf_dir, fake_flashinfer, page_si
     for prompt, generated in run_greedy_scenario(model, page_size=page_size, shared=8):
         assert generated == _hf_greedy(hf, prompt, len(generated)), prompt
     assert _FakePagedWrapper.plans == calls["n"]  # one plan per step, not per layer
+    # one run() per step (the first layer's), its compiled call replayed on the other layers
+    assert _FakePagedWrapper.runs == calls["n"]
+    assert _FakeCompiledModule.calls == calls["n"] * model.config.num_layers
 
 
 # --- (c) weight errors ---------------------------------------------------------------------

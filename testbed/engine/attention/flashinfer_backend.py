@@ -6,14 +6,15 @@ table (page ids = slot of every page_size-th position // page_size, plus last-pa
 and plans one wrapper: ``BatchDecodeWithPagedKVCacheWrapper`` for decode batches, else
 ``BatchPrefillWithPagedKVCacheWrapper`` (causal; the mask is aligned to the end of the
 context, so cached prefixes and mixed decode/prefill batches work). Every layer then only
-calls ``run`` (its new K/V are in the pool already).
+runs attention (its new K/V are in the pool already): the first through ``run``, the others
+through the compiled call that run made (testbed/engine/attention/layer_call.py).
 """
 
 from __future__ import annotations
 
 import torch
 
-from testbed.engine.attention import ATTENTION_BACKENDS
+from testbed.engine.attention import ATTENTION_BACKENDS, layer_call
 from testbed.engine.attention.base import AttentionBackend
 from testbed.engine.forward_batch import ForwardBatch, paged_kv_layout
 from testbed.engine.options import PREFILL_BACKENDS
@@ -68,7 +69,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             self.workspace, kv_layout="NHD", use_tensor_cores=decode_use_tensor_cores, **self._decode_backend()
         )
-        self._wrapper = None
+        self._use(None)
 
     def prepare(self, fb: ForwardBatch) -> None:
         pool = self.pool
@@ -91,7 +92,13 @@ class FlashInferAttentionBackend(AttentionBackend):
                 self.num_qo_heads, self.num_kv_heads, self.head_dim, fb.page_size, causal=True,
                 **self._options(),
             )
-            self._wrapper = self._prefill
+            self._use(self._prefill)
+
+    def _use(self, wrapper) -> None:
+        """The planned wrapper this step's layers run; its call is recorded on the first layer."""
+        self._wrapper = wrapper
+        self._layer_call = None
+        self._recorded = False
 
     def _options(self) -> dict:
         return dict(sm_scale=self.sm_scale, q_data_type=self.dtype, kv_data_type=self.pool.dtype)
@@ -101,7 +108,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         # plan(indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size)
         wrapper.plan(page_indptr, page_ids, last_page_len, self.num_qo_heads, self.num_kv_heads,
                      self.head_dim, page_size, **self._options())
-        self._wrapper = wrapper
+        self._use(wrapper)
 
     def graph_decode_wrapper(self, batch_size: int, indices_buffer: torch.Tensor):
         """A decode wrapper whose metadata lives in fixed buffers, for one captured batch size."""
@@ -122,5 +129,14 @@ class FlashInferAttentionBackend(AttentionBackend):
                out: torch.Tensor | None = None) -> torch.Tensor:
         if self._wrapper is None:
             raise RuntimeError("FlashInferAttentionBackend.attend before prepare(fb)")
-        # with out=None the wrapper zero-fills a new output: one kernel more per layer
-        return self._wrapper.run(q.contiguous(), self.pool.paged(layer_id), out=out)
+        q = q.contiguous()
+        if out is None:  # with out=None the wrapper would zero-fill a new one: a kernel more
+            out = torch.empty_like(q)
+        k, v = self.pool.paged(layer_id)
+        if self._layer_call is not None:
+            return self._layer_call(q, k, v, out)
+        if self._recorded:  # the first layer's call could not be recorded
+            return self._wrapper.run(q, (k, v), out=out)
+        self._recorded = True
+        res, self._layer_call = layer_call.record(self._wrapper, q, k, v, out)
+        return res
