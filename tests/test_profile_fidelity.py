@@ -62,6 +62,11 @@ def test_profiler_grid_keeps_within_limits():
         assert sum(sh.extend) <= 2048 or sh.kind == "mixed"
         # what a profile stores of a shape gives the shape back
         assert sample_batch(shape_record(sh)) == (sh.extend, sh.cached)
+    # the eager base curve gets a fresh prompt at every piecewise-graph size within the limit
+    pieces = [16, 32, 48, 400, 2048, 4096]
+    fresh = {sum(sh.extend) for sh in device_grid(2048, 64, [1, 2, 4, 8, 16], 100_000, base_tokens=pieces)
+             if sh.kind == "prefill" and len(sh.extend) == 1 and sh.cached == [0]}
+    assert {16, 32, 48, 400, 2048} <= fresh and 4096 not in fresh
 
 
 def test_serving_workload_and_idle_gaps():

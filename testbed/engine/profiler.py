@@ -82,8 +82,11 @@ class Shape(NamedTuple):
 
 
 def device_grid(max_tokens: int, max_running: int, graph_sizes: list[int], max_kv: int,
-                quick: bool = False) -> list[Shape]:
-    """Every profiled shape. quick: a small grid (tests on the CPU)."""
+                quick: bool = False, base_tokens=()) -> list[Shape]:
+    """Every profiled shape. quick: a small grid (tests on the CPU). base_tokens: more token
+    counts of one fresh prompt, the eager base curve's points (the piecewise graphs' sizes:
+    an eager step's time steps up with its padded size, and a chord over PREFILL_TOKENS alone
+    was up to 7% high between them)."""
     shapes = []
     kvs = DECODE_KV[:2] if quick else DECODE_KV
     for b in decode_sizes(graph_sizes, max_running)[: 3 if quick else None]:
@@ -106,6 +109,9 @@ def device_grid(max_tokens: int, max_running: int, graph_sizes: list[int], max_k
             for k in PREFILL_REQS[:2] if quick else PREFILL_REQS:
                 if k <= n and k <= max_running and k * (c + n // k) <= max_kv:
                     shapes.append(Shape("prefill", [n // k] * k, [c] * k, "uniform", c))
+    for n in () if quick else sorted(set(base_tokens) - set(toks)):
+        if n <= max_tokens:
+            shapes.append(Shape("prefill", [n], [0], "uniform", 0))
     for d in MIXED_DECODES[:1] if quick else MIXED_DECODES:
         d = min(d, max_running - 1)
         for L in MIXED_KV[:1] if quick else MIXED_KV:
@@ -272,7 +278,8 @@ def run_profile(s, spec, schedulers, repeats: int = 5, quick: bool = False, poli
     sizes = list(graphs.sizes) if graphs is not None else []
     ex = EngineExecutor(parts.model, device, s.max_running, None, None, graphs, parts.pieces)
     cps = _sleep_cycles_per_s(device) if device.type == "cuda" else None
-    grid = device_grid(s.max_step_tokens, s.max_running, sizes, min(slots, 1 << 20), quick)
+    pieces = list(parts.pieces.sizes) if parts.pieces is not None else []
+    grid = device_grid(s.max_step_tokens, s.max_running, sizes, min(slots, 1 << 20), quick, pieces)
     samples = []
     for sh in grid:
         m = time_shape(ex, sh.extend, sh.cached, slots, s.page_size, spec.vocab_size, repeats, cps)
@@ -281,7 +288,7 @@ def run_profile(s, spec, schedulers, repeats: int = 5, quick: bool = False, poli
     host = run_host_workloads(s, spec, parts, schedulers, policies, host_requests or s.max_running, quick=quick)
     return {
         "device_samples": samples, "host_samples": host, "graph_sizes": sizes, "num_pages": slots // s.page_size,
-        "piece_sizes": list(parts.pieces.sizes) if parts.pieces is not None else [],
+        "piece_sizes": pieces,
         "timing": {"device_grid_s": t_dev, "host_workloads_s": time.perf_counter() - t0 - t_dev,
                    "shapes": len(grid), "repeats": repeats},
         "machine": machine_info(device),
