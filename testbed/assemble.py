@@ -197,6 +197,7 @@ def _engine_backend(cfg, spec: ModelSpec, requests, parts):
             sched = make_scheduler(cfg, spec, parts.slots // s.page_size)
             executor = TPExecutor(executor_over(parts, sched), ranks, s.debug_plan_hash)
             parts.warmup_s = warm_up_engine(s, spec, executor, parts)  # every rank runs the same warm-up steps
+        ranks.supervisor.started()
     driver = RealtimeDriver(sched, executor, requests, overlap=s.overlap)
     info = {"num_pages": sched.cfg.num_pages, "page_size": s.page_size, "device": str(parts.device), "tp": s.tp,
             "attention": s.attention, "kernels": resolve_kernels(s.kernels, parts.device), "weights": str(parts.report),

@@ -131,7 +131,7 @@ def _run(cfg: Config, out_dir: str, engine_parts, keep_ids, print_table) -> dict
     extra = {
         "complete": complete, "error": error, "backend": cfg.backend.name,
         "trace": {"name": trace.name, "notes": trace.notes, "over_context": trace.over_context,
-                  "num_requests": len(requests)},
+                  "num_requests": len(requests), "rows": trace.rows, "rows_left_out": trace.rows_left_out},
         "kv": {**info, "integrity": integrity},
         "wall_time_s": wall, "steps_per_wall_s": len(driver.steps) / wall if wall else None,
     }
@@ -162,7 +162,11 @@ def print_summary(summary: dict, out_dir: str) -> None:
 
     def f(x, fmt="{:,.1f}"):
         return "-" if x is None else fmt.format(x)
+    t = summary.get("trace", {})
     rows = [
+        ("trace", f"{t.get('name')}: {t.get('num_requests', 0):,} requests"
+                  + (f" of {t['rows']:,} rows ({t['rows_left_out']:,} left out by trace.num_requests)"
+                     if t.get("rows_left_out") else "")),
         ("requests", f"{m['completed']} finished, {m['rejected']} rejected, {m['aborted']} aborted, "
                      f"{m['unfinished']} unfinished"),
         ("duration", f(m["duration_s"], "{:,.2f} s") + (" (simulated)" if summary["backend"] == "sim" else "")),

@@ -109,6 +109,21 @@ def test_file_trace_and_over_context(tmp_path):
     assert set(req["state"]) == {"FINISHED"} and req["prompt_tokens"].iloc[2] + 5 <= 131072
 
 
+def test_a_users_file_is_used_whole_and_the_table_says_what_was_left_out(tmp_path):
+    path = tmp_path / "t.csv"
+    pd.DataFrame({"prompt_tokens": [50 + i % 200 for i in range(1500)],
+                  "output_tokens": [4] * 1500}).to_csv(path, index=False)
+    p = ok(cli("trace=file", f"trace.path={path}", "trace.rate=200", f"hydra.run.dir={tmp_path / 'all'}"))
+    assert len(pd.read_parquet(tmp_path / "all" / "requests.parquet")) == 1500
+    trace_line = next(line for line in p.stdout.splitlines() if line.startswith("trace"))
+    assert "1,500 requests" in trace_line and "left out" not in trace_line
+    p = ok(cli("trace=file", f"trace.path={path}", "trace.rate=200", "trace.num_requests=1000",
+               f"hydra.run.dir={tmp_path / 'part'}"))
+    assert "1,000 requests of 1,500 rows (500 left out by trace.num_requests)" in p.stdout
+    s = json.loads((tmp_path / "part" / "summary.json").read_text())["trace"]
+    assert (s["num_requests"], s["rows"], s["rows_left_out"]) == (1000, 1500, 500)
+
+
 @pytest.mark.parametrize("args,needle", [
     (["trace=file", "trace.path=/nonexistent/trace.csv"], "/nonexistent/trace.csv"),
     (["policy.order=random"], "policy.order"),

@@ -89,6 +89,8 @@ def assemble(name: str, rows: Rows, k: TraceConfig) -> Trace:
             notes.append(f"num_requests={k.num_requests} but the trace has {total} rows: using all {total}")
         take = order[: k.num_requests]
     n = len(take)
+    if n < total:
+        notes.append(f"trace.num_requests={k.num_requests}: {n} of {total} rows used, {total - n} left out")
     rids = np.arange(n, dtype=np.int64)
 
     if rows.arrival_s is not None:
@@ -121,4 +123,4 @@ def assemble(name: str, rows: Rows, k: TraceConfig) -> Trace:
     for req, ok in zip(requests, runs):  # cheap guard on every loader's id maker
         if ok and (len(req.prompt_ids) != req.prompt_len or req.prompt_ids.dtype != np.int32):
             raise AssertionError(f"{name}: rid {req.rid} got {len(req.prompt_ids)} ids, want {req.prompt_len}")
-    return Trace(name=name, requests=requests, over_context=info, notes=notes)
+    return Trace(name=name, requests=requests, over_context=info, notes=notes, rows=total)

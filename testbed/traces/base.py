@@ -40,12 +40,17 @@ class Trace:
     # {"rule": "reject"|"truncate", "count": int, "rids": [...], "max_context": int|None}
     over_context: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # facts worth logging
+    rows: int = 0  # rows the source had (after its own filtering); len(requests) of them were taken
 
     def __len__(self) -> int:
         return len(self.requests)
 
     def __iter__(self):
         return iter(self.requests)
+
+    @property
+    def rows_left_out(self) -> int:
+        return max(self.rows - len(self.requests), 0)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ import logging
 import multiprocessing as mp
 import os
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -30,11 +31,14 @@ def _free_port() -> int:
 
 class RankSupervisor:
     """Owns the worker processes; a watchdog ends the run if one dies while rank 0 is
-    blocked in a collective that would otherwise wait for it."""
+    blocked in a collective that would otherwise wait for it. Mid-run it gives rank 0
+    `grace_s` to see the death itself and write what was done; during start-up (before
+    `started()`) nothing is done yet, so it ends the run at once, naming the rank."""
 
     def __init__(self, procs, grace_s: float = 15.0):
         self.procs = procs  # rank -> Process
         self.grace_s = grace_s
+        self.starting = True
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
         self._thread.start()
@@ -43,13 +47,20 @@ class RankSupervisor:
         return [f"rank {r} exited with code {p.exitcode}" for r, p in self.procs.items()
                 if p.exitcode is not None and p.exitcode != 0]
 
+    def started(self) -> None:
+        """Every rank has built its engine and warmed up: the run proper begins."""
+        self.starting = False
+
     def _watch(self) -> None:
         first_seen = None
-        while not self._stop.wait(0.5):
+        while not self._stop.wait(0.2):
             if self.dead():
                 first_seen = first_seen or time.monotonic()
-                if time.monotonic() - first_seen > self.grace_s:  # rank 0 is stuck: end it all
-                    log.error("tensor parallel: %s; stopping", "; ".join(self.dead()))
+                if self.starting or time.monotonic() - first_seen > self.grace_s:  # rank 0 is stuck: end it all
+                    when = "during start-up, nothing was run" if self.starting else "stopping"
+                    msg = f"error: tensor parallel: {'; '.join(self.dead())} ({when})"
+                    log.error(msg.removeprefix("error: "))
+                    print(msg, file=sys.stderr, flush=True)
                     self.terminate()
                     os._exit(1)
 
