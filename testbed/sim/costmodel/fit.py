@@ -11,8 +11,9 @@ cost model's profile (testbed/sim/costmodel/calibrated.py says what each part pr
   ``base(tokens)``, a piecewise-linear curve through the single fresh prompt of each
   profiled token count (tokens padded to the piecewise CUDA graph's size that runs them,
   ``padded_tokens``: the profiled counts are sizes, so the curve's points are exact), plus
-  non-negative coefficients (NNLS) for what a batch has beyond one fresh prompt of the same
-  tokens: attention work ``sum n_i (c_i + (n_i + 1) / 2)`` minus that prompt's, KV tokens read
+  non-negative coefficients (NNLS on relative error: fitted on seconds, the 100 ms prefills
+  set them and 5-20 ms mixed steps over long prefixes came out 6% short) for what a batch
+  has beyond one fresh prompt of the same tokens: attention work ``sum n_i (c_i + (n_i + 1) / 2)`` minus that prompt's, KV tokens read
   beyond the new ones, requests beyond one, imbalance, and the attention kernel's busiest-SM
   load per query tile (``fa2_load``). That last term carries mixed steps: flashinfer's
   batch-prefill plan gives a decode row beside a chunk a whole query tile of 16-128 rows, and
@@ -310,7 +311,9 @@ def fit_eager(samples: list[dict], max_graph: int, piece_sizes=(), fa: Fa2Shape 
     if rest:
         r = {k: np.array([d[k] for d in rest], float) for k in ("tokens", "device_s")}
         x = np.array([eager_extras(*sample_batch(d), fa) for d in rest])
-        coef = scaled_nnls(x, r["device_s"] - base_curve(bt, bs, padded_tokens(piece_sizes, r["tokens"])))
+        y = r["device_s"]
+        w = 1.0 / y[:, None]  # relative error: a 10 ms mixed step counts as much as a 100 ms prefill
+        coef = scaled_nnls(x * w, (y - base_curve(bt, bs, padded_tokens(piece_sizes, r["tokens"]))) * w[:, 0])
     return {"base_tokens": bt.tolist(), "base_s": bs.tolist(), "coef_s": dict(zip(EAGER_EXTRA, map(float, coef))),
             "piece_sizes": [int(x) for x in piece_sizes], "fa2": dataclasses.asdict(fa) if fa else None}
 
