@@ -14,6 +14,7 @@ recompute goodput for every job, whatever the runs were started with."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -119,6 +120,14 @@ def plots(results, summaries, args, out: Path) -> list[Path]:
     return written
 
 
+def say(text: str) -> None:
+    """Print, unless the reader has gone (`... | head`): the files are written all the same."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # later prints go nowhere
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     from analysis.load import LoadError, load
@@ -136,20 +145,25 @@ def main(argv=None) -> int:
     if args.slo_ttft_ms is not None or args.slo_tpot_ms is not None:
         summaries = with_slo(results, args.slo_ttft_ms, args.slo_tpot_ms)
     for s in results.skipped:
-        print(f"skipped {s}")
+        say(f"skipped {s}")
     keys = results.varying() or [k for k in results.keys if k in summaries and k not in ("backend", "model",
                                                                                            "hardware", "cache")]
-    print(f"{len(summaries)} job{'s' if len(summaries) != 1 else ''} in {out}"
-          + (f" ({len(results.skipped)} skipped)" if results.skipped else ""))
-    print(format_table(summaries, keys))
+    say(f"{len(summaries)} job{'s' if len(summaries) != 1 else ''} in {out}"
+        + (f" ({len(results.skipped)} skipped)" if results.skipped else ""))
+    say(format_table(summaries, keys))
+    written = []
     try:
-        written = [write_table(summaries, out)]
+        written.append(write_table(summaries, out))
         if not args.no_plots:
             written += plots(results, summaries, args, out)
+    except ImportError as e:  # the light install has no matplotlib
+        print(f"error: the plots need {e.name or 'matplotlib'} (pip install 'testbed[analysis]'), or pass "
+              f"--no-plots; written: {', '.join(p.name for p in written)} in {out}", file=sys.stderr)
+        return 2
     except (ValueError, KeyError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print("written: " + ", ".join(str(p.name) for p in written) + f" in {out}")
+    say("written: " + ", ".join(str(p.name) for p in written) + f" in {out}")
     return 0
 
 

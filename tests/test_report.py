@@ -81,3 +81,33 @@ def test_bad_dir_is_one_line_error(case, sweep, tmp_path):
     assert p.returncode == 2
     assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
     assert p.stderr.startswith("error: ")
+
+
+def test_a_reader_that_goes_away_ends_nothing(sweep, tmp_path):
+    """`python -m testbed.report DIR | head -1`: no traceback, exit 0, the files written anyway."""
+    run = tmp_path / "run"
+    shutil.copytree(next(p for p in sorted(sweep.iterdir()) if (p / "summary.json").exists()), run)
+    p = subprocess.Popen([sys.executable, "-m", "testbed.report", str(run), "--no-plots"], cwd=REPO,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p.stdout.readline()
+    p.stdout.close()  # as head does after its line
+    err = p.stderr.read()
+    assert p.wait(180) == 0 and "Traceback" not in err, err
+    assert (run / "sweep.parquet").exists()
+
+
+def test_plots_without_matplotlib_are_one_line_and_the_table_is_written(sweep, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(next(p for p in sorted(sweep.iterdir()) if (p / "summary.json").exists()), run)
+    stub = tmp_path / "no_mpl" / "matplotlib"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text("raise ImportError('No module named matplotlib', name='matplotlib')\n")
+    import os
+    env = {**os.environ, "PYTHONPATH": f"{stub.parent}{os.pathsep}{REPO}"}
+    p = subprocess.run([sys.executable, "-m", "testbed.report", str(run)], cwd=REPO, capture_output=True, text=True,
+                       timeout=180, env=env)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert "matplotlib" in last and "--no-plots" in last and "sweep.parquet" in last
+    assert (run / "sweep.parquet").exists()
+    assert report(run, "--no-plots").returncode == 0
