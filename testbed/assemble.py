@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from policies import eviction_key, make_policy
 from testbed.config import resolved_overlap
 from testbed.core import Request, SamplingParams
-from testbed.modelspec import ModelSpec, check_tp_split, model_spec_from_cfg
+from testbed.modelspec import ModelSpec, check_tp_split, model_spec_from_cfg, tp_split_problems
 from testbed.scheduler import Scheduler, SchedulerConfig
 from testbed.steploop import Driver, Executor
 from testbed.traces import Trace, load_trace
@@ -123,8 +123,14 @@ def sim_kv_pages(cfg, spec: ModelSpec, hardware) -> int:
     per_token = spec.kv_bytes_per_token(tp)
     free = hardware.mem_bytes * e.mem_fraction - spec.weight_bytes() / tp
     if free <= 0:
+        budget = hardware.mem_bytes * e.mem_fraction
+        fits = [t for t in (2, 4, 8, 16, 32, 64) if t > tp and spec.weight_bytes() / t < budget
+                and not tp_split_problems(spec, t)]
+        hint = (f"; engine.tp={fits[0]} would fit it ({spec.weight_bytes() / fits[0] / 1e9:.1f} GB of weights a GPU)"
+                if fits else "")
         raise ValueError(f"model {spec.name} ({spec.weight_bytes() / 1e9:.1f} GB of weights over tp={tp}) does "
-                         f"not fit {hardware.name} ({hardware.mem_bytes / 1e9:.0f} GB x mem_fraction {e.mem_fraction})")
+                         f"not fit {hardware.name} ({hardware.mem_bytes / 1e9:.0f} GB x mem_fraction {e.mem_fraction})"
+                         + hint)
     pages = int(free // (per_token * e.page_size))
     if pages < 1:
         raise ValueError(f"model {spec.name} leaves {free / 1e6:.1f} MB of {hardware.name}'s memory x mem_fraction "

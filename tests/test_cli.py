@@ -133,6 +133,7 @@ def test_a_users_file_is_used_whole_and_the_table_says_what_was_left_out(tmp_pat
     # weights + half a KV page of llama3_8b on an H200: less than one page left
     (["engine.mem_fraction=0.11390487965957447"], "less than one page"),
     (["engine.kernels=fused"], "engine.kernels='fused' is unknown; allowed: auto, torch, triton"),
+    (["model=llama3_70b"], "does not fit h200 (141 GB x mem_fraction 0.9); engine.tp=2 would fit it"),
     (["engine.prefill_backend=fa4"], "engine.prefill_backend"),
     (["model.config_path=/nope/config.json"], "/nope/config.json"),
     (["slo.ttft_ms=-5"], "slo.ttft_ms=-5.0 is invalid; allowed: null (no SLO) or a number of milliseconds > 0"),
