@@ -158,18 +158,76 @@ def check(cfg: Config) -> None:
         raise ConfigError(str(err)) from None
 
 
-def compose(overrides: list[str]) -> Config:
-    """The run config of `python -m testbed.run OVERRIDES...`, for tools with their own entry
-    point (testbed.profile, testbed.fidelity): the same groups, schema and checks."""
+def _settings_of(path: str) -> list[str] | None:
+    """The setting names under a dotted config path (trace -> TraceConfig's fields), or None."""
+    import dataclasses
+    import typing
+    node: Any = Config
+    for part in path.split(".") if path else []:
+        if not dataclasses.is_dataclass(node):
+            return None
+        hints = typing.get_type_hints(node)
+        if part not in hints:
+            return None
+        node = hints[part]
+    return [f.name for f in dataclasses.fields(node)] if dataclasses.is_dataclass(node) else None
+
+
+def composition_error(err: Exception) -> str:
+    """Hydra's error for an override it cannot compose (a dozen lines and a stack-trace hint),
+    as one line naming the override and what is allowed."""
+    import re
+
+    from hydra.errors import MissingConfigException
+    text = str(err)
+    if isinstance(err, MissingConfigException):
+        m = re.search(r"Could not find '([^']+)/([^']+)'", text)
+        if m and err.options:
+            return f"{m.group(1)}={m.group(2)!r} is unknown; allowed: {', '.join(err.options)}"
+    m = re.match(r"Could not override '([^']+)'", text)
+    if m:
+        key = m.group(1)
+        parent, _, leaf = key.rpartition(".")
+        known = _settings_of(parent)
+        return f"{key} is not a setting" + (f" of {parent}; its settings: {', '.join(known)}" if known else "")
+    m = re.match(r"Error merging override (\S+)", text)
+    if m and err.__cause__ is not None:
+        return f"{m.group(1)}: {str(err.__cause__).splitlines()[0]}"
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def compose_raw(overrides: list[str]):
+    """The composed DictConfig of OVERRIDES (groups, schema, types), before the checks; Hydra's
+    errors as Hydra raises them."""
     from pathlib import Path
 
     from hydra import compose as hydra_compose, initialize_config_dir
-    from omegaconf import OmegaConf
 
     register_schema()
     conf_dir = str(Path(__file__).resolve().parents[1] / "conf")
     with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
-        dcfg = hydra_compose(config_name="config", overrides=list(overrides))
-    cfg = OmegaConf.to_object(dcfg)
+        return hydra_compose(config_name="config", overrides=list(overrides))
+
+
+def first_of_each_sweep(argv: list[str]) -> list[str]:
+    """A multirun's overrides with each sweep (a,b,c / range / choice) at its first value: one
+    job's overrides, to compose before Hydra starts the sweep."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    out = []
+    for o in OverridesParser.create().parse_overrides(list(argv)):
+        if o.is_sweep_override():
+            first = next(iter(o.sweep_string_iterator()), None)
+            out.append(o.input_line if first is None else f"{o.get_key_element()}={first}")
+        else:
+            out.append(o.input_line)
+    return out
+
+
+def compose(overrides: list[str]) -> Config:
+    """The run config of `python -m testbed.run OVERRIDES...`, for tools with their own entry
+    point (testbed.profile, testbed.fidelity): the same groups, schema and checks."""
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.to_object(compose_raw(overrides))
     check(cfg)
     return cfg

@@ -234,5 +234,33 @@ def _what_was_kept(out_dir: str) -> str:
     return "before the run started (loading); nothing was written"
 
 
+def precheck(argv: list[str]) -> str | None:
+    """Compose the command line's overrides as Hydra will (a multirun: its first job), before
+    Hydra does: a bad group option, key or value is then one line naming it (Hydra's own error
+    is a dozen lines). None when they compose; the run's own checks come later."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException, OverrideParseException
+
+    from testbed.config import composition_error, compose_raw, first_of_each_sweep
+    flags = [a for a in argv if a.startswith("-")]
+    if any(f not in ("-m", "--multirun") for f in flags):  # --help, --cfg, -c ...: Hydra's own business
+        return None
+    overrides = [a for a in argv if not a.startswith("-") and not a.lstrip("+~").startswith("hydra")]
+    for a in overrides:
+        try:
+            OverridesParser.create().parse_overrides([a])
+        except OverrideParseException as e:
+            return f"{a}: not an override Hydra can parse ({str(e).splitlines()[0]})"
+    try:
+        compose_raw(first_of_each_sweep(overrides) if flags else overrides)
+    except HydraException as e:
+        return composition_error(e)
+    return None
+
+
 if __name__ == "__main__":
+    bad = precheck(sys.argv[1:])
+    if bad:
+        print(f"error: {bad}", file=sys.stderr)
+        sys.exit(2)
     main()

@@ -134,6 +134,12 @@ def test_a_users_file_is_used_whole_and_the_table_says_what_was_left_out(tmp_pat
     (["engine.mem_fraction=0.11390487965957447"], "less than one page"),
     (["engine.kernels=fused"], "engine.kernels='fused' is unknown; allowed: auto, torch, triton"),
     (["model=llama3_70b"], "does not fit h200 (141 GB x mem_fraction 0.9); engine.tp=2 would fit it"),
+    # what Hydra itself cannot compose: one line too
+    (["policy=foo"], "policy='foo' is unknown; allowed: chunked, decode_first, prefill_first"),
+    (["trace.nonexistent_key=3"], "trace.nonexistent_key is not a setting of trace; its settings: name, path,"),
+    (["engine.tp=abc"], "engine.tp=abc: Value 'abc' of type 'str' could not be converted to Integer"),
+    (["trace.rate=[1"], "trace.rate=[1: not an override Hydra can parse"),
+    (["-m", "trace.rate=1,2", "eviction=arc"], "eviction='arc' is unknown; allowed: fifo, lfu, lru"),
     (["engine.prefill_backend=fa4"], "engine.prefill_backend"),
     (["model.config_path=/nope/config.json"], "/nope/config.json"),
     (["slo.ttft_ms=-5"], "slo.ttft_ms=-5.0 is invalid; allowed: null (no SLO) or a number of milliseconds > 0"),
