@@ -223,11 +223,38 @@ def first_of_each_sweep(argv: list[str]) -> list[str]:
     return out
 
 
+def _unknown_keys(node, schema, path: str = "") -> list[str]:
+    """Keys of a composed config that its dataclass schema does not have (an appended
+    `+trace.x=3` would otherwise be dropped without a word)."""
+    import dataclasses
+    import typing
+    hints = typing.get_type_hints(schema)
+    out = []
+    for key in node.keys():
+        full = f"{path}{key}"
+        if key not in hints:
+            out.append(full)
+        elif dataclasses.is_dataclass(hints[key]) and hasattr(node[key], "keys"):
+            out += _unknown_keys(node[key], hints[key], full + ".")
+    return out
+
+
+def to_config(dcfg) -> Config:
+    """The composed DictConfig as a Config; a key the schema does not have is a ConfigError."""
+    from omegaconf import OmegaConf
+    bad = _unknown_keys(dcfg, Config)
+    if bad:
+        key = bad[0]
+        parent = key.rpartition(".")[0]
+        known = _settings_of(parent)
+        raise ConfigError(f"{key} is not a setting" + (f" of {parent}; its settings: {', '.join(known)}" if parent
+                                                       else f"; the settings: {', '.join(known)}"))
+    return OmegaConf.to_object(dcfg)
+
+
 def compose(overrides: list[str]) -> Config:
     """The run config of `python -m testbed.run OVERRIDES...`, for tools with their own entry
     point (testbed.profile, testbed.fidelity): the same groups, schema and checks."""
-    from omegaconf import OmegaConf
-
-    cfg = OmegaConf.to_object(compose_raw(overrides))
+    cfg = to_config(compose_raw(overrides))
     check(cfg)
     return cfg

@@ -17,7 +17,7 @@ from pathlib import Path
 import hydra
 from omegaconf import OmegaConf
 
-from testbed.config import Config, ConfigError, check, register_schema
+from testbed.config import Config, ConfigError, check, register_schema, to_config
 
 log = logging.getLogger("testbed.run")
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
@@ -196,7 +196,7 @@ def main(dcfg) -> None:
     from hydra.core.hydra_config import HydraConfig
     out_dir = HydraConfig.get().runtime.output_dir
     try:
-        cfg: Config = OmegaConf.to_object(dcfg)
+        cfg: Config = to_config(dcfg)
         run(cfg, out_dir)
     except (ConfigError, ValueError, FileNotFoundError) as e:
         _failed(out_dir, 2, f"error: {e}")

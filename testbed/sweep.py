@@ -75,12 +75,12 @@ def optimize(dcfg) -> float:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf, open_dict
 
-    from testbed.config import ConfigError
+    from testbed.config import ConfigError, to_config
     from testbed.run import run
     with open_dict(dcfg):
         objective = str(dcfg.pop("objective", "goodput"))
-    cfg = OmegaConf.to_object(dcfg)
     try:
+        cfg = to_config(dcfg)
         summary = run(cfg, HydraConfig.get().runtime.output_dir)
     except (ConfigError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -139,6 +139,8 @@ def test_a_users_file_is_used_whole_and_the_table_says_what_was_left_out(tmp_pat
     (["trace.nonexistent_key=3"], "trace.nonexistent_key is not a setting of trace; its settings: name, path,"),
     (["engine.tp=abc"], "engine.tp=abc: Value 'abc' of type 'str' could not be converted to Integer"),
     (["trace.rate=[1"], "trace.rate=[1: not an override Hydra can parse"),
+    (["+trace.x=3"], "trace.x is not a setting of trace; its settings: name, path,"),  # was dropped unsaid
+    (["+foo=3"], "foo is not a setting; the settings: backend, policy,"),
     (["-m", "trace.rate=1,2", "eviction=arc"], "eviction='arc' is unknown; allowed: fifo, lfu, lru"),
     (["engine.prefill_backend=fa4"], "engine.prefill_backend"),
     (["model.config_path=/nope/config.json"], "/nope/config.json"),
