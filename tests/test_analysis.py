@@ -228,6 +228,7 @@ def test_plots_write_labelled_pngs(results, tmp_path):
 
 
 # ---- notebooks -----------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("name,requests", [("policy_comparison", 120), ("prefix_cache", 200)])
 def test_notebook_executes(name, requests, tmp_path, monkeypatch):
     """Top to bottom, on smaller sweeps than the notebooks' own defaults (TESTBED_NB_REQUESTS)."""
@@ -303,6 +304,7 @@ def test_sweep_examples_compose():
     assert "policy.token_budget" in sw["params"] and cfg.slo.ttft_ms == 500
 
 
+@pytest.mark.slow
 def test_optuna_study_finds_a_token_budget(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     d = tmp_path / "study"
@@ -324,6 +326,7 @@ def test_optimize_objective_needs_an_slo(tmp_path):
     assert p.returncode != 0 and "goodput needs slo.ttft_ms" in p.stderr
 
 
+@pytest.mark.slow
 def test_sim_vs_engine_notebook_executes(tmp_path, monkeypatch):
     """The fidelity notebook top to bottom on one small cell; its replay goes to TESTBED_NB_OUT."""
     fidelity = REPO / "benchmarks" / "results" / "fidelity"

@@ -63,6 +63,7 @@ def _sweep_dirs(root: Path):
     return sorted(p for p in root.iterdir() if p.is_dir() and (p / "summary.json").exists())
 
 
+@pytest.mark.slow  # a multirun of every option of a group
 @pytest.mark.parametrize("group,names", [
     ("trace", "sharegpt,azure_conv,azure_code,arxiv,bwb,mooncake_conversation,mooncake_synthetic,synthetic"),
     ("policy", "prefill_first,decode_first,chunked"),

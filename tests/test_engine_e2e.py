@@ -10,6 +10,8 @@ import pytest
 
 from engine_fixtures import hf_greedy, prompt_file, run_engine, save_tiny_model
 
+pytestmark = pytest.mark.slow  # the CPU engine's golden runs
+
 N_NEW = 10
 
 

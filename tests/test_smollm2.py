@@ -27,6 +27,7 @@ from safetensors import safe_open  # noqa: E402
 from testbed.engine.forward_batch import ForwardBatch  # noqa: E402
 from testbed.engine.model import build_model, load_weights  # noqa: E402
 
+pytestmark = pytest.mark.slow  # the real model's conversion and golden runs
 ROOT = Path(__file__).resolve().parents[1]
 QUESTION = "What is the capital of France?"
 NEW_TOKENS = 20

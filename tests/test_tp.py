@@ -16,6 +16,8 @@ import pytest
 
 from engine_fixtures import ROOT, prompt_file, run_engine, save_tiny_model
 
+pytestmark = pytest.mark.slow  # several CPU engine processes
+
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3", "llama_1kv"])
 def test_tp2_matches_tp1(tmp_path, kind):
