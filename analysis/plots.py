@@ -4,7 +4,7 @@ Every function returns a Figure; `save(fig, path)` writes a PNG and closes it.
 
     latency_cdfs(r.requests, by="policy")                       # TTFT / TPOT / E2E CDFs
     load_curves(r.summaries, x="trace.rate", by="policy")       # latency and goodput vs load
-    gantt(r.job(name).requests)                                 # a few requests' lifetimes
+    gantt(r.job(name).requests, steps=r.job(name).steps)        # a few requests' lifetimes, chunk by chunk
     kv_timeline(r.job(name).steps)                              # KV pages, batch mix over time
     cdf_overlay(compare.cdf_overlay({...}), "ttft")             # run vs run
 """
@@ -224,26 +224,49 @@ def pick_requests(requests: pd.DataFrame, n: int = 12, start: float = 0.5) -> li
     return list(done["rid"].iloc[i:i + n])
 
 
-def gantt(requests: pd.DataFrame, rids=None, n: int = 12, title: str | None = None, ax=None):
-    """Per request: queued (arrival -> first scheduled), prefill (-> first token; the number of
-    prefill chunks is written on the bar: per-chunk times are not in requests.parquet), decode
+def _chunk_spans(r, steps: pd.DataFrame | None) -> list[tuple[float, float]]:
+    """Each prefill chunk of a request as (start, end): from the step it was scheduled in
+    (steps.parquet's start_s) to that step's end; without steps, a sliver at its start."""
+    times = r.chunk_times_s if "chunk_times_s" in r and r.chunk_times_s is not None else []
+    spans = []
+    for t in np.asarray(times, float):
+        end = np.nan
+        if steps is not None and len(steps):
+            i = int(np.searchsorted(steps["start_s"].to_numpy(), t))
+            for j in (i, i - 1):  # the step scheduled at t
+                if 0 <= j < len(steps) and abs(steps["start_s"].iat[j] - t) < 1e-9:
+                    end = float(steps["end_s"].iat[j])
+        spans.append((float(t), end))
+    return spans
+
+
+def gantt(requests: pd.DataFrame, rids=None, n: int = 12, title: str | None = None, ax=None,
+          steps: pd.DataFrame | None = None):
+    """Per request: queued (arrival -> first scheduled), prefill (-> first token; pale where the
+    request waits between chunks, each chunk solid: from the step it ran in to that step's end
+    when ``steps`` (the job's steps.parquet) is given, else a mark at its start), decode
     (-> finish) with a tick per output token. One job's requests only."""
     if "job" in requests and requests["job"].nunique() > 1:
         raise ValueError("gantt draws one job: pass results.job(name).requests")
     rids = pick_requests(requests, n) if rids is None else list(rids)
     d = requests.set_index("rid").loc[rids].reset_index().sort_values(["arrival_s", "rid"], ascending=False)
+    steps = steps.sort_values("start_s").reset_index(drop=True) if steps is not None else None
     fig = None
     if ax is None:
         fig, ax = plt.subplots(figsize=(10, 0.42 * len(d) + 1.6))
     colors = {"queued": "#bbbbbb", "prefill": "#e8912d", "decode": "#3a78b5"}
     t_end = float(np.nanmax(d["finish_s"])) if len(d) else 1.0
+    sliver = t_end * 2e-3
     for y, (_, r) in enumerate(d.iterrows()):
         segs = [("queued", r.arrival_s, r.first_scheduled_s), ("prefill", r.first_scheduled_s, r.first_token_s),
                 ("decode", r.first_token_s, r.finish_s)]
         for name, a, b in segs:
             if pd.notna(a) and pd.notna(b) and b >= a:
                 ax.barh(y, max(b - a, t_end * 1e-4), left=a, height=0.6, color=colors[name],
-                        edgecolor="black" if name == "prefill" else "none", lw=0.4)
+                        alpha=0.35 if name == "prefill" else 1.0, edgecolor="none")
+        for a, b in _chunk_spans(r, steps):
+            ax.barh(y, (b - a) if pd.notna(b) and b > a else sliver, left=a, height=0.6, color=colors["prefill"],
+                    edgecolor="black", lw=0.4)
         t = r.token_times_s
         if t is not None and len(t) and len(t) <= 2000:
             ax.vlines(np.asarray(t, float), y - 0.3, y - 0.15, color="white", lw=0.25, alpha=0.6)
@@ -261,10 +284,12 @@ def gantt(requests: pd.DataFrame, rids=None, n: int = 12, title: str | None = No
     ax.set_ylabel("request")
     lo = float(np.nanmin(d["arrival_s"])) if len(d) else 0.0
     ax.set_xlim(lo - (t_end - lo) * 0.02, t_end + (t_end - lo) * 0.35)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c, ec="black" if k == "prefill" else "none", lw=0.4)
-               for k, c in colors.items()]
-    ax.legend(handles, ["queued", "prefill (all chunks)", "decode (ticks: tokens)"], fontsize=8, loc="lower right",
-              framealpha=0.9)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colors["queued"]),
+               plt.Rectangle((0, 0), 1, 1, color=colors["prefill"], alpha=0.35),
+               plt.Rectangle((0, 0), 1, 1, color=colors["prefill"], ec="black", lw=0.4),
+               plt.Rectangle((0, 0), 1, 1, color=colors["decode"])]
+    ax.legend(handles, ["queued", "prefill: waiting between chunks", "prefill: a chunk's step",
+                        "decode (ticks: tokens)"], fontsize=8, loc="lower right", framealpha=0.9)
     ax.grid(alpha=0.3, axis="x")
     ax.set_title(title or "request timelines")
     if fig:

@@ -113,9 +113,10 @@ def plots(results, summaries, args, out: Path) -> list[Path]:
         job = summaries.sort_values("p99_ttft_ms", ascending=False, na_position="last")["job"].iloc[0]
     label = labels[summaries["job"] == job].iloc[0]
     one = results.job(job)
-    written.append(P.save(P.gantt(one.requests, title=f"request timelines: {label}"), out / "gantt.png"))
     path = Path(summaries.loc[summaries["job"] == job, "path"].iloc[0])
     steps = load(path, requests=False, steps=True, include_partial=True, warn=False).steps
+    written.append(P.save(P.gantt(one.requests, title=f"request timelines: {label}", steps=steps),
+                          out / "gantt.png"))
     written.append(P.save(P.kv_timeline(steps, title=f"KV cache and batches over time: {label}"), out / "kv.png"))
     return written
 

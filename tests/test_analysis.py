@@ -227,6 +227,25 @@ def test_plots_write_labelled_pngs(results, tmp_path):
         P.gantt(results.requests)
 
 
+def test_gantt_draws_each_prefill_chunk_over_its_step(results):
+    from matplotlib.colors import to_rgba
+
+    from analysis import plots as P
+    one = results.job(job_of(results, "chunked", 16))
+    r = one.requests
+    rids = list(r.sort_values("prefill_chunks")["rid"].iloc[-4:])  # the most chunked requests
+    fig = P.gantt(r, rids=rids, steps=one.steps)
+    chunks = [p for p in fig.axes[0].patches if p.get_edgecolor() == to_rgba("black")]
+    want = r.set_index("rid").loc[rids]
+    assert len(chunks) == int(want["prefill_chunks"].sum()) > len(rids)
+    # each chunk spans the step it was scheduled in: starts at a step's start, ends at its end
+    starts = set(one.steps["start_s"].round(9))
+    for p in chunks:
+        assert round(p.get_x(), 9) in starts
+    ends = {round(a, 9): round(b, 9) for a, b in zip(one.steps["start_s"], one.steps["end_s"])}
+    assert all(round(p.get_x() + p.get_width(), 6) == round(ends[round(p.get_x(), 9)], 6) for p in chunks)
+
+
 # ---- notebooks -----------------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize("name,requests", [("policy_comparison", 120), ("prefix_cache", 200)])
