@@ -2,6 +2,7 @@
 with one line naming the key, the value and what is allowed."""
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -113,10 +114,45 @@ class Config:
     check_every_step: bool = False  # KV integrity check after every step (slow; debugging)
 
 
+SWEPT_ENV = "TESTBED_SWEPT_KEYS"  # the keys a multirun's command line sweeps, for its job directories' names
+
+
+def note_swept_keys(argv: list[str]) -> None:
+    """Remember which keys the command line sweeps (a,b,c / range / choice), for swept_dirname
+    in the jobs (launcher processes inherit the environment)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    try:
+        keys = [o.get_key_element().lstrip("+~") for o in OverridesParser.create().parse_overrides(
+            [a for a in argv if not a.startswith("-")]) if o.is_sweep_override()]
+    except Exception:  # Hydra reports unparsable overrides itself
+        return
+    os.environ[SWEPT_ENV] = ",".join(keys)
+
+
+def swept_dirname(override_dirname: str) -> str:
+    """A job's override_dirname cut to the keys the sweep varies: those swept on the command line
+    and the sweeper's own params (a +sweep=... config's, Optuna's search space). Everything
+    when neither is known."""
+    from hydra.core.hydra_config import HydraConfig
+    keys = {k for k in os.environ.get(SWEPT_ENV, "").split(",") if k}
+    try:
+        params = HydraConfig.get().sweeper.get("params") or {}
+        keys |= {str(k) for k in params}
+    except ValueError:  # no Hydra config (composed by hand)
+        pass
+    if not keys:
+        return override_dirname
+    items = [i for i in override_dirname.split(",") if i.split("=", 1)[0].lstrip("+~") in keys]
+    return ",".join(items) or override_dirname
+
+
 def register_schema() -> None:
     """The schema, and one option of the groups policy, eviction and cache per registered name,
     so `policy=<module>` works for a new module in policies/scheduling/ with no yaml file."""
     from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+    if not OmegaConf.has_resolver("swept"):
+        OmegaConf.register_new_resolver("swept", swept_dirname)
     store = ConfigStore.instance()
     store.store(name="config_schema", node=Config)
     for name in POLICIES.names():

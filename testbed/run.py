@@ -196,7 +196,7 @@ def main(dcfg) -> None:
     from hydra.core.hydra_config import HydraConfig
     out_dir = HydraConfig.get().runtime.output_dir
     try:
-        cfg: Config = to_config(dcfg)
+        cfg: Config = quiet_in_multirun(to_config(dcfg))
         run(cfg, out_dir)
     except (ConfigError, ValueError, FileNotFoundError) as e:
         _failed(out_dir, 2, f"error: {e}")
@@ -208,6 +208,18 @@ def main(dcfg) -> None:
     except Terminated:
         print(f"terminated (SIGTERM): {_what_was_kept(out_dir)}", file=sys.stderr)
         sys.exit(143)
+
+
+def quiet_in_multirun(cfg: Config) -> Config:
+    """No progress bar in a multirun's jobs unless the command line asks for one: parallel
+    jobs' bars interleave on stderr (tens of KB of noise)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    hc = HydraConfig.get()
+    if hc.mode == RunMode.MULTIRUN and not any(o.split("=", 1)[0].lstrip("+~") == "progress"
+                                               for o in hc.overrides.task):
+        cfg.progress = False
+    return cfg
 
 
 def _failed(out_dir: str, code: int, message: str) -> None:
@@ -259,6 +271,8 @@ def precheck(argv: list[str]) -> str | None:
 
 
 if __name__ == "__main__":
+    from testbed.config import note_swept_keys
+    note_swept_keys(sys.argv[1:])
     bad = precheck(sys.argv[1:])
     if bad:
         print(f"error: {bad}", file=sys.stderr)

@@ -76,11 +76,11 @@ def optimize(dcfg) -> float:
     from omegaconf import OmegaConf, open_dict
 
     from testbed.config import ConfigError, to_config
-    from testbed.run import run
+    from testbed.run import quiet_in_multirun, run
     with open_dict(dcfg):
         objective = str(dcfg.pop("objective", "goodput"))
     try:
-        cfg = to_config(dcfg)
+        cfg = quiet_in_multirun(to_config(dcfg))
         summary = run(cfg, HydraConfig.get().runtime.output_dir)
     except (ConfigError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -96,4 +96,6 @@ def optimize(dcfg) -> float:
 
 
 if __name__ == "__main__":
+    from testbed.config import note_swept_keys
+    note_swept_keys(sys.argv[1:])
     optimize()

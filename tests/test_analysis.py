@@ -321,6 +321,8 @@ def test_sweep_examples_compose():
     sw = OmegaConf.to_container(cfg.hydra.sweeper, resolve=True)
     assert sw["_target_"].endswith("OptunaSweeper") and sw["direction"] == "maximize"
     assert "policy.token_budget" in sw["params"] and cfg.slo.ttft_ms == 500
+    # the trials of a batch run side by side
+    assert cfg.hydra.launcher._target_.endswith("JoblibLauncher") and cfg.hydra.launcher.n_jobs == sw["n_jobs"] == 2
 
 
 @pytest.mark.slow

@@ -304,6 +304,7 @@ def test_a_failing_job_does_not_end_the_sweep(tmp_path):
     assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr[-2000:]
     jobs = {d.name: json.loads((d / "summary.json").read_text()) for d in _sweep_dirs(tmp_path)}
     assert len(jobs) == 3
+    assert not [n for n in jobs if "progress" in n]  # job directories are named by what the sweep varies
     failed = [n for n, s in jobs.items() if not s["complete"]]
     assert len(failed) == 1 and "trace.rate=-1" in failed[0] and "rate=-1" in jobs[failed[0]]["error"]
     assert all(s["complete"] and s["metrics"]["completed"] == 20 for n, s in jobs.items() if n not in failed)
@@ -369,3 +370,14 @@ def test_a_full_disk_loses_only_the_file_it_could_not_write(tmp_path, monkeypatc
 def test_overlap_defaults_per_device(overrides, want):
     from testbed.config import compose, resolved_overlap
     assert resolved_overlap(compose(overrides)) is want
+
+
+def test_a_multirun_shows_no_progress_bars_unless_asked(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([sys.executable, "-m", "testbed.run", "-m", "trace.rate=4,8", "trace=sharegpt",
+                        "trace.num_requests=30", f"hydra.sweep.dir={tmp_path}"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "req/s]" not in p.stderr and "it/s" not in p.stderr and "30/30" not in p.stderr
+    assert sorted(d.name for d in _sweep_dirs(tmp_path)) == ["0_trace.rate=4", "1_trace.rate=8"]
+
