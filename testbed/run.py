@@ -184,11 +184,19 @@ def print_summary(summary: dict, out_dir: str) -> None:
     if not summary["complete"]:
         rows.insert(0, ("INCOMPLETE", summary["error"]))
     width = max(len(k) for k, _ in rows)
-    print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
     missing = set(summary.get("unwritten_files", []))
     files = [f for f in ("requests.parquet", "steps.parquet", "summary.json") if f not in missing]
-    print(f"{'written':<{width}}  {out_dir}/{{{', '.join(files)}}}" + (f" (not written: {', '.join(sorted(missing))})"
-                                                                    if missing else ""))
+    rows.append(("written", f"{out_dir}/{{{', '.join(files)}}}" + (f" (not written: {', '.join(sorted(missing))})"
+                                                                   if missing else "")))
+    table = "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    print(table)
+    log_file = Path(out_dir) / "run.log"  # Hydra's log of the run: the table belongs there too
+    if log_file.is_file():
+        try:
+            with log_file.open("a") as f:
+                f.write(table + "\n")
+        except OSError:  # a full disk: the table was printed, the files named above
+            pass
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")

@@ -45,6 +45,8 @@ def test_default_run_writes_three_files(tmp_path):
     r = req[req["output_tokens"] > 1].iloc[0]
     assert r["tpot_s"] == pytest.approx((r["e2e_s"] - r["ttft_s"]) / (r["output_tokens"] - 1))
     assert len(r["token_times_s"]) == r["output_tokens"]
+    log = (out / "run.log").read_text()  # the end-of-run table is in the run's log too
+    assert "TTFT ms" in log and "written" in log
 
 
 def test_same_config_same_bytes(tmp_path):
