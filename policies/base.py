@@ -15,18 +15,18 @@ RESERVES = ("full", "estimate")
 
 @dataclass
 class PolicyConfig:
-    name: str = "chunked"
+    name: str = "chunked"  # the scheduling policy: a module of policies/scheduling/
     order: str = "fcfs"  # queue order of waiting requests
     reserve: str = "full"  # KV reserved for running requests' remaining output at admission
-    max_running: int = 256
+    max_running: int = 256  # requests running at once (sizes the page table, CUDA graphs, buffers)
     max_prefill_tokens: int = 8192  # prefill tokens per step (prefill_first); step budget (decode_first)
     token_budget: int = 512  # tokens per step, decodes included (chunked)
     chunk_size: int = 0  # most prefill tokens of one request in one step; 0 = no cap beyond the budget
     # reserve=estimate: reserve ratio * remaining output tokens; the ratio decays per step
     # from init to min and goes back to init after a preemption (after SGLang's new_token_ratio)
-    estimate_init: float = 0.7
-    estimate_min: float = 0.1
-    estimate_decay: float = 0.001
+    estimate_init: float = 0.7  # reserve=estimate: the ratio at start and after a preemption
+    estimate_min: float = 0.1  # reserve=estimate: the ratio's floor
+    estimate_decay: float = 0.001  # reserve=estimate: the ratio's decrease per step
 
     def validate(self) -> None:
         def bad(key, value, allowed):

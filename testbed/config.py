@@ -30,20 +30,20 @@ def _bad(key, value, allowed):
 
 @dataclass
 class BackendConfig:
-    name: str = "sim"
+    name: str = "sim"  # sim: the SimPy simulator and a cost model; engine: the real engine
 
 
 @dataclass
 class NamedConfig:
-    name: str = ""
+    name: str = ""  # the registered part (an eviction order, a prefix cache) by its name
 
 
 @dataclass
 class EngineConfig:
     """The deployment both backends describe: the simulator sizes its KV pool and cost
     model from it exactly as the engine does."""
-    tp: int = 1
-    page_size: int = 1
+    tp: int = 1  # tensor-parallel degree: GPUs (or CPU processes) one model is split over
+    page_size: int = 1  # KV slots a page holds (the allocator's and the radix cache's unit)
     mem_fraction: float = 0.9  # of device memory for weights + KV pool
     num_pages: Optional[int] = None  # fixed KV pool size; None: from memory
     device: str = "cuda"  # cuda | cpu (the engine's torch reference path)
@@ -52,7 +52,7 @@ class EngineConfig:
     # flashinfer decode through its tensor-core (prefill) kernel; null: when q heads / kv heads >= 4
     decode_tensor_cores: Optional[bool] = None
     prefill_backend: str = "fa2"  # flashinfer prefill kernel template: fa2 | fa3 (Hopper)
-    dtype: str = "bfloat16"
+    dtype: str = "bfloat16"  # weights and activations: bfloat16 | float16 | float32
     # None: on, except for the engine on a CPU (there every op runs as it is enqueued, and
     # overlapped steps ran several times slower on a 2-core machine)
     overlap: Optional[bool] = None
@@ -61,10 +61,10 @@ class EngineConfig:
     # between the attention calls, for token counts up to the policy's step budget
     piecewise_graphs: bool = True
     warmup: bool = True  # run every kind of step once before the first arrival (GPU: compile outside the clock)
-    ignore_eos: bool = True
-    temperature: float = 0.0
-    top_k: int = -1
-    top_p: float = 1.0
+    ignore_eos: bool = True  # generate every request's output length from the trace, past EOS
+    temperature: float = 0.0  # sampling of every request; 0: greedy
+    top_k: int = -1  # sampling: keep the k likeliest tokens; -1: off
+    top_p: float = 1.0  # sampling: keep the smallest set of tokens with this probability mass; 1: off
     debug_plan_hash: bool = False  # TP: compare a hash of every plan across ranks
 
     def validate(self) -> None:
@@ -86,8 +86,8 @@ class EngineConfig:
 
 @dataclass
 class SLOConfig:
-    ttft_ms: Optional[float] = None
-    tpot_ms: Optional[float] = None
+    ttft_ms: Optional[float] = None  # a request meets the SLO with a TTFT at most this; null: no TTFT SLO
+    tpot_ms: Optional[float] = None  # ... and a TPOT at most this (goodput counts those meeting all given)
 
     def validate(self) -> None:
         for key in ("ttft_ms", "tpot_ms"):
@@ -109,8 +109,8 @@ class Config:
     costmodel: Any = None  # conf/costmodel/*.yaml, checked by make_cost_model
     engine: EngineConfig = field(default_factory=EngineConfig)
     slo: SLOConfig = field(default_factory=SLOConfig)
-    seed: int = 0
-    progress: bool = True
+    seed: int = 0  # every random draw of the run (arrivals, token ids, sampling) derives from it
+    progress: bool = True  # a progress bar on stderr (off in a multirun's jobs unless given)
     check_every_step: bool = False  # KV integrity check after every step (slow; debugging)
 
 

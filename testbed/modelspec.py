@@ -374,10 +374,10 @@ class ModelConfig:
     right shape (engine timing runs without a download).
     """
 
-    name: str
-    config_path: str
-    path: str | None = None
-    weights: str = "real"
+    name: str  # the model's name (its conf/model/<name>.yaml)
+    config_path: str  # its HF config.json (the shape the simulator and the engine use)
+    path: str | None = None  # engine: a directory with its safetensors weights and tokenizer
+    weights: str = "real"  # engine: real (from path) | dummy (random weights of the right shape)
 
     def __post_init__(self) -> None:
         if self.weights not in _WEIGHTS_CHOICES:

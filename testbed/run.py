@@ -279,6 +279,10 @@ def precheck(argv: list[str]) -> str | None:
 
 
 if __name__ == "__main__":
+    if {"--help", "-h"} & set(sys.argv[1:]):  # every knob with a line of help (Hydra's lists none)
+        from testbed.config_help import render
+        print(render())
+        sys.exit(0)
     from testbed.config import note_swept_keys
     note_swept_keys(sys.argv[1:])
     bad = precheck(sys.argv[1:])

@@ -383,3 +383,19 @@ def test_a_multirun_shows_no_progress_bars_unless_asked(tmp_path):
     assert "req/s]" not in p.stderr and "it/s" not in p.stderr and "30/30" not in p.stderr
     assert sorted(d.name for d in _sweep_dirs(tmp_path)) == ["0_trace.rate=4", "1_trace.rate=8"]
 
+
+def test_help_explains_every_knob():
+    from testbed.config_help import knobs
+    p = ok(subprocess.run([sys.executable, "-m", "testbed.run", "--help"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)}))
+    lines = p.stdout.splitlines()
+    rows = knobs()
+    assert len(rows) > 50
+    for key, _, doc in rows:
+        assert doc, f"{key} has no help line (a comment beside its field)"
+        line = next((x for x in lines if x.split() and x.split()[0] == key), None)
+        assert line is not None and doc in line, key
+    assert any(x.split()[:2] == ["policy", "chunked,"] for x in lines if x.split())
+    # defaults as a run composes them, not the dataclasses' placeholders
+    assert any(x.split()[:2] == ["eviction.name", "lru"] for x in lines if x.split())
+

@@ -17,23 +17,23 @@ class TraceConfig:
     """Every knob a loader reads, with its default. `load_trace` accepts any object with
     (some of) these attributes, or a mapping; missing ones take these defaults."""
 
-    name: str = "sharegpt"
+    name: str = "sharegpt"  # the trace: a bundled one, synthetic, or file (trace.path)
     path: str | None = None  # override of the bundled file; required for name="file"
     num_requests: int | None = 1000  # None or 0: every row
     rate: float = 4.0  # req/s when arrivals are synthesized; inf: all at t=0
     burstiness: float = 1.0  # Gamma shape of inter-arrival gaps; 1 = Poisson
     time_scale: float = 1.0  # multiplies trace timestamps
-    seed: int = 0
+    seed: int = 0  # arrivals, shuffling and token ids (the run's seed by default)
     shuffle: bool = True  # length-only CSV traces: shuffle rows before taking num_requests
     over_context: str = "reject"  # "reject" | "truncate"
     block_size: int = 512  # tokens per prefix block of a file trace's prefix_ids
     vocab_size: int | None = None  # token ids are drawn in [0, vocab_size); None: the model's vocabulary (32000 outside a run)
     max_context: int | None = None  # None: no context check
     # name="synthetic"
-    prompt_len_min: int = 128
-    prompt_len_max: int = 2048
-    output_len_min: int = 32
-    output_len_max: int = 512
+    prompt_len_min: int = 128  # synthetic: prompt lengths uniform in [min, max]
+    prompt_len_max: int = 2048  # synthetic: the longest prompt
+    output_len_min: int = 32  # synthetic: output lengths uniform in [min, max]
+    output_len_max: int = 512  # synthetic: the longest output
     num_prefix_groups: int = 0  # 0: no shared prefixes
     prefix_len: int = 64  # shared prefix tokens of each group (part of the prompt)
 

@@ -1,0 +1,85 @@
+"""`python -m testbed.run --help`: the groups and every knob with its default and a line of help.
+
+The help is the comment beside each field of the config dataclasses (testbed/config.py, the
+policy's, the trace's and the model's), or the comment lines right above it: the schema and
+its documentation stay in one place."""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+import typing
+from pathlib import Path
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+_FIELD = re.compile(r"^\s+(\w+)\s*:\s*[^#=]+(?:=[^#]*)?(?:#\s*(.*))?$")
+
+
+def _docs(cls) -> dict[str, str]:
+    """field name -> its comment (beside it, else the comment lines just above it)."""
+    docs: dict[str, str] = {}
+    above: list[str] = []
+    for line in inspect.getsource(cls).splitlines():
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            above.append(stripped.lstrip("# ").strip())
+            continue
+        m = _FIELD.match(line)
+        if m and not stripped.startswith(("def ", "return", "@")):
+            docs.setdefault(m.group(1), m.group(2) or " ".join(above))
+        above = []
+    return {k: v for k, v in docs.items() if v}
+
+
+def knobs(cls=None, prefix: str = "") -> list[tuple[str, object, str]]:
+    """(dotted key, default, help) of every setting under a config dataclass (Config by default)."""
+    if cls is None:
+        from testbed.config import Config
+        cls = Config
+    hints, docs, out = typing.get_type_hints(cls), _docs(cls), []
+    for f in dataclasses.fields(cls):
+        t = hints[f.name]
+        if dataclasses.is_dataclass(t):
+            out += knobs(t, f"{prefix}{f.name}.")
+        elif t is not typing.Any:  # Any: a group's own yaml (hardware, costmodel)
+            out.append((prefix + f.name, f.default, docs.get(f.name, "")))
+    return out
+
+
+def _defaults(keys) -> dict[str, object]:
+    """Each key's value in the config `python -m testbed.run` composes with no overrides."""
+    from omegaconf import OmegaConf
+
+    from testbed.config import compose_raw
+    cfg = compose_raw([])
+    return {k: OmegaConf.select(cfg, k, throw_on_resolution_failure=False) for k in keys}
+
+
+def groups() -> dict[str, list[str]]:
+    """conf/<group>/*.yaml option names per group (the registries add policy modules too)."""
+    from policies import EVICTIONS, POLICIES
+    from testbed.kv import PREFIX_CACHES
+    out = {d.name: sorted(p.stem for p in d.glob("*.yaml")) for d in sorted(CONF.iterdir())
+           if d.is_dir() and d.name not in ("hydra", "sweep")}
+    for group, registry in (("policy", POLICIES), ("eviction", EVICTIONS), ("cache", PREFIX_CACHES)):
+        out[group] = sorted(set(out.get(group, [])) | set(registry.names()))
+    out["sweep"] = sorted(p.stem for p in (CONF / "sweep").glob("*.yaml"))  # +sweep=NAME: a ready-made multirun
+    return out
+
+
+def render() -> str:
+    lines = ["python -m testbed.run [group=option ...] [key=value ...]   (Hydra overrides; -m: a multirun)",
+             "", "Groups (group=option):"]
+    for g, names in groups().items():
+        lines.append(f"  {'+sweep' if g == 'sweep' else g:<10} {', '.join(names)}")
+    lines += ["", "Settings (key=value) and their defaults (hardware.* and costmodel.* are their group's yaml, "
+              "conf/hardware and conf/costmodel):"]
+    rows = knobs()
+    defaults = _defaults([k for k, _, _ in rows])
+    width = max(len(k) for k, _, _ in rows)
+    for key, _, doc in rows:
+        v = defaults[key]
+        shown = "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+        lines.append(f"  {key:<{width}}  {shown:<12} {doc}")
+    lines += ["", "Hydra's own: --cfg job (the composed config), --info, --hydra-help."]
+    return "\n".join(lines)
