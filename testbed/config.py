@@ -209,6 +209,16 @@ def _settings_of(path: str) -> list[str] | None:
     return [f.name for f in dataclasses.fields(node)] if dataclasses.is_dataclass(node) else None
 
 
+def not_a_setting(key: str) -> str:
+    """The line for a key the schema does not have, with the settings that are there."""
+    parent = key.rpartition(".")[0]
+    known = _settings_of(parent)
+    if not known:
+        return f"{key} is not a setting"
+    return f"{key} is not a setting" + (f" of {parent}; its settings: " if parent else "; the settings: ") + \
+        ", ".join(known)
+
+
 def composition_error(err: Exception) -> str:
     """Hydra's error for an override it cannot compose (a dozen lines and a stack-trace hint),
     as one line naming the override and what is allowed."""
@@ -222,10 +232,7 @@ def composition_error(err: Exception) -> str:
             return f"{m.group(1)}={m.group(2)!r} is unknown; allowed: {', '.join(err.options)}"
     m = re.match(r"Could not override '([^']+)'", text)
     if m:
-        key = m.group(1)
-        parent, _, leaf = key.rpartition(".")
-        known = _settings_of(parent)
-        return f"{key} is not a setting" + (f" of {parent}; its settings: {', '.join(known)}" if known else "")
+        return not_a_setting(m.group(1))
     m = re.match(r"Error merging override (\S+)", text)
     if m and err.__cause__ is not None:
         return f"{m.group(1)}: {str(err.__cause__).splitlines()[0]}"
@@ -280,11 +287,7 @@ def to_config(dcfg) -> Config:
     from omegaconf import OmegaConf
     bad = _unknown_keys(dcfg, Config)
     if bad:
-        key = bad[0]
-        parent = key.rpartition(".")[0]
-        known = _settings_of(parent)
-        raise ConfigError(f"{key} is not a setting" + (f" of {parent}; its settings: {', '.join(known)}" if parent
-                                                       else f"; the settings: {', '.join(known)}"))
+        raise ConfigError(not_a_setting(bad[0]))
     return OmegaConf.to_object(dcfg)
 
 
