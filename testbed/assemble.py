@@ -161,7 +161,7 @@ def engine_settings(cfg, spec: ModelSpec):
         raise ValueError("model.weights=real needs model.path=DIR (config.json + *.safetensors); "
                          "or use model.weights=dummy")
     return EngineSettings(
-        device=e.device, attention=e.attention, kernels=e.kernels, dtype=e.dtype,
+        device=e.device, attention=e.resolved_attention(), kernels=e.kernels, dtype=e.dtype,
         decode_tensor_cores=e.decode_tensor_cores, prefill_backend=e.prefill_backend,
         weights="dummy" if m.weights == "dummy" else m.path, seed=cfg.seed, page_size=e.page_size,
         num_pages=e.num_pages, mem_fraction=e.mem_fraction, cuda_graph_max_bs=e.cuda_graph_max_bs,

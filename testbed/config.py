@@ -47,7 +47,7 @@ class EngineConfig:
     mem_fraction: float = 0.9  # of device memory for weights + KV pool
     num_pages: Optional[int] = None  # fixed KV pool size; None: from memory
     device: str = "cuda"  # cuda | cpu (the engine's torch reference path)
-    attention: str = "flashinfer"  # flashinfer | torch
+    attention: Optional[str] = None  # flashinfer | torch; null: flashinfer on CUDA, torch on a CPU
     kernels: str = "auto"  # elementwise ops: triton | torch | auto (triton on CUDA, torch on the CPU)
     # flashinfer decode through its tensor-core (prefill) kernel; null: when q heads / kv heads >= 4
     decode_tensor_cores: Optional[bool] = None
@@ -67,6 +67,14 @@ class EngineConfig:
     top_p: float = 1.0  # sampling: keep the smallest set of tokens with this probability mass; 1: off
     debug_plan_hash: bool = False  # TP: compare a hash of every plan across ranks
 
+    @property
+    def on_cpu(self) -> bool:
+        return str(self.device).startswith("cpu")
+
+    def resolved_attention(self) -> str:
+        """engine.attention, its null resolved by the device."""
+        return self.attention or ("torch" if self.on_cpu else "flashinfer")
+
     def validate(self) -> None:
         if self.tp < 1:
             _bad("engine.tp", self.tp, "an integer >= 1")
@@ -78,7 +86,8 @@ class EngineConfig:
             _bad("engine.dtype", self.dtype, ", ".join(DTYPES))
         if self.num_pages is not None and self.num_pages < 1:
             _bad("engine.num_pages", self.num_pages, "null (size from memory) or an integer >= 1")
-        ATTENTION_BACKENDS.check(self.attention)
+        if self.attention is not None:
+            ATTENTION_BACKENDS.check(self.attention)
         check_kernels(self.kernels)
         if self.prefill_backend not in PREFILL_BACKENDS:
             _bad("engine.prefill_backend", self.prefill_backend, ", ".join(PREFILL_BACKENDS))
@@ -168,7 +177,7 @@ def resolved_overlap(cfg: Config) -> bool:
     e = cfg.engine
     if e.overlap is not None:
         return bool(e.overlap)
-    return not (cfg.backend.name == "engine" and str(e.device).startswith("cpu"))
+    return not (cfg.backend.name == "engine" and e.on_cpu)
 
 
 def check(cfg: Config) -> None:

@@ -71,7 +71,8 @@ def hf_greedy(model_dir: Path, prompts, n_new: int) -> list[list[int]]:
 
 def run_engine(model_dir: Path, trace: Path, out: Path, *overrides, timeout=600) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    args = [sys.executable, "-m", "testbed.run", "backend=engine", "engine.device=cpu", "engine.attention=torch",
+    # engine.attention is left to its default: torch on a CPU
+    args = [sys.executable, "-m", "testbed.run", "backend=engine", "engine.device=cpu",
             "engine.dtype=float32", f"model.path={model_dir}", "trace=file", f"trace.path={trace}",
             "progress=false", f"hydra.run.dir={out}", *overrides]
     return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)

@@ -57,6 +57,8 @@ def test_greedy_ids_equal_hf_generate(model_and_reference, tmp_path, scenario):
         assert json.loads((tmp_path / "summary.json").read_text())["kv"]["kernels"] == "triton"
     steps = pd.read_parquet(tmp_path / "steps.parquet")
     assert steps["predicted_s"].notna().all() and (steps["duration_s"] > 0).all()
+    # no engine.attention given: on a CPU it is torch's
+    assert json.loads((tmp_path / "summary.json").read_text())["kv"]["attention"] == "torch"
 
 
 def test_engine_bad_inputs(tmp_path):

@@ -446,7 +446,7 @@ def fit_profile(raw: dict, cfg, spec, name: str | None = None) -> dict:
         "fitted_on": _dt.date.today().isoformat(),
         "model": {"name": cfg.model.name, **{f: getattr(spec, f) for f in MODEL_FIELDS}, "weights": cfg.model.weights},
         "hardware": hw,
-        "engine": {"tp": e.tp, "page_size": e.page_size, "attention": e.attention, "kernels": e.kernels,
+        "engine": {"tp": e.tp, "page_size": e.page_size, "attention": e.resolved_attention(), "kernels": e.kernels,
                    "dtype": e.dtype, "overlap": resolved_overlap(cfg), "cuda_graph_max_bs": e.cuda_graph_max_bs,
                    "graph_sizes": sizes, "num_pages": raw["num_pages"], "prefill_backend": e.prefill_backend,
                    "decode_tensor_cores": e.decode_tensor_cores, "max_running": p.max_running,
