@@ -16,6 +16,9 @@ from testbed.scheduler import Scheduler, SchedulerConfig
 from testbed.steploop import Driver, Executor
 from testbed.traces import Trace, load_trace
 
+# engine_parts shares one rank's model between runs; TP ranks are processes started per run
+PREBUILT_TP = "engine.tp > 1 builds its ranks per run; prebuilt engine parts are for tp=1"
+
 
 @dataclass
 class Run:
@@ -173,7 +176,7 @@ def engine_parts(cfg):
     """One rank's engine (tp=1), warmed up, for several runs of this model and engine settings."""
     from testbed.engine.build import build_warm_parts
     if cfg.engine.tp != 1:
-        raise ValueError("engine.tp > 1 builds its ranks per run; prebuilt engine parts are for tp=1")
+        raise ValueError(PREBUILT_TP)
     spec = model_spec(cfg)
     return build_warm_parts(engine_settings(cfg, spec), spec)
 
@@ -194,7 +197,7 @@ def _engine_backend(cfg, spec: ModelSpec, requests, parts):
         executor = executor_over(parts, sched)
     else:
         if parts is not None:
-            raise ValueError("engine.tp > 1 builds its ranks per run; prebuilt engine parts are for tp=1")
+            raise ValueError(PREBUILT_TP)
         from testbed.engine.tp.executor import TPExecutor
         from testbed.engine.tp.launch import start_ranks
         ranks = start_ranks(s, spec)
