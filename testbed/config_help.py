@@ -31,8 +31,9 @@ def _docs(cls) -> dict[str, str]:
     return {k: v for k, v in docs.items() if v}
 
 
-def knobs(cls=None, prefix: str = "") -> list[tuple[str, object, str]]:
-    """(dotted key, default, help) of every setting under a config dataclass (Config by default)."""
+def knobs(cls=None, prefix: str = "") -> list[tuple[str, str]]:
+    """(dotted key, help) of every setting under a config dataclass (Config by default); the
+    defaults shown are the composed config's (_defaults), not the dataclasses' placeholders."""
     if cls is None:
         from testbed.config import Config
         cls = Config
@@ -42,7 +43,7 @@ def knobs(cls=None, prefix: str = "") -> list[tuple[str, object, str]]:
         if dataclasses.is_dataclass(t):
             out += knobs(t, f"{prefix}{f.name}.")
         elif t is not typing.Any:  # Any: a group's own yaml (hardware, costmodel)
-            out.append((prefix + f.name, f.default, docs.get(f.name, "")))
+            out.append((prefix + f.name, docs.get(f.name, "")))
     return out
 
 
@@ -75,9 +76,9 @@ def render() -> str:
     lines += ["", "Settings (key=value) and their defaults (hardware.* and costmodel.* are their group's yaml, "
               "conf/hardware and conf/costmodel):"]
     rows = knobs()
-    defaults = _defaults([k for k, _, _ in rows])
-    width = max(len(k) for k, _, _ in rows)
-    for key, _, doc in rows:
+    defaults = _defaults([k for k, _ in rows])
+    width = max(len(k) for k, _ in rows)
+    for key, doc in rows:
         v = defaults[key]
         shown = "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
         lines.append(f"  {key:<{width}}  {shown:<12} {doc}")

@@ -73,7 +73,7 @@ register_schema()
 def optimize(dcfg) -> float:
     """Run one configuration and return summary.metrics[objective] (a float for the sweeper)."""
     from hydra.core.hydra_config import HydraConfig
-    from omegaconf import OmegaConf, open_dict
+    from omegaconf import open_dict
 
     from testbed.config import ConfigError, to_config
     from testbed.run import quiet_in_multirun, run
