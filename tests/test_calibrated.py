@@ -68,7 +68,7 @@ def test_graph_padding_and_eager_path():
     t17, t32 = model.device_time(*decode(17, 31)), model.device_time(*decode(32, 16))  # 544 KV tokens each
     i = list(sizes).index(32)
     assert 17 not in sizes and t17 >= t32
-    assert t17 == pytest.approx(model._g_const[i] + model._g_slope[i] * 544 + model._g_imb[i] * (32 * 32 - 544))
+    assert t17 == pytest.approx(model._g_const[i] + model._g_slope[i] * 544 + model._g_third[i] * (32 * 32 - 544))
     assert t32 == pytest.approx(model._g_const[i] + model._g_slope[i] * 544)
     assert model.kind(*decode(256)) == "graph" and model.kind(*decode(257)) == "eager"
     assert model.kind([5, 1], [0, 10]) == "eager"

@@ -55,7 +55,7 @@ def test_profiler_grid_keeps_within_limits():
     assert decode_sizes([1, 2, 4, 8, 16], 16) == [1, 2, 4, 8, 16]
     assert decode_sizes([1, 2, 4, 8, 16], 64) == [1, 2, 4, 8, 16, 17, 40, 64]
     grid = device_grid(2048, 64, [1, 2, 4, 8, 16], max_kv=100_000)
-    assert {sh.kind for sh in grid} == {"decode", "prefill", "mixed"} and {sh.pattern for sh in grid} == {"uniform", "spread", "skewed"}
+    assert {sh.kind for sh in grid} == {"decode", "prefill", "mixed"} and {sh.pattern for sh in grid} == {"uniform", "spread", "skewed", "near", "served"}
     from testbed.sim.costmodel.fit import sample_batch
     for sh in grid:
         assert len(sh.extend) <= 64 and sum(sh.extend) + sum(sh.cached) <= 100_000

@@ -30,7 +30,7 @@ import torch
 
 from testbed.core import Request, SamplingParams
 from testbed.engine.synthetic_batch import greedy_sampling, synthetic_host_batch
-from testbed.sim.costmodel.fit import skewed_lengths, spread_lengths
+from testbed.sim.costmodel.fit import PATTERNS, skewed_lengths, spread_lengths
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,11 @@ CHUNKED_PREFIX = (0, 2048, 12288)
 SPREAD_KV = (512, 1024, 2048, 8192)
 PADDED_KV = (512, 2048)  # a graph's fewest rows (most padding), uniform
 SKEWED_KV = (1024, 4096)  # decode rows of a log-normal spread of contexts (fit.skewed_lengths)
+# decode rows as serving batches have them, shuffled (fit.near_lengths, fit.served_lengths), at
+# every graph size, full and with its fewest rows: their time is not that of a uniform batch of
+# the same KV (decode_plan.py says why)
+NEAR_KV = (512, 1280, 3072)
+SERVED_KV = (768, 2048)
 HOST_POLICIES = ("chunked", "prefill_first", "decode_first")
 # the serving host workloads: (requests per second, requests); a light one, mostly idle
 # between requests (the steps after an idle gap), and a moderate one
@@ -76,8 +81,7 @@ class Shape(NamedTuple):
     kind: str  # decode | prefill | mixed (one fresh chunk and decodes)
     extend: list[int]
     cached: list[int]
-    pattern: str  # uniform; spread or skewed: decode rows of unequal contexts, fit.spread_lengths or
-    # fit.skewed_lengths(base + 1, rows)
+    pattern: str  # uniform, or a fit.PATTERNS pattern: decode rows of unequal contexts around base + 1
     base: int  # the decode rows' cached length (uniform), or the one they spread around
 
 
@@ -103,6 +107,14 @@ def device_grid(max_tokens: int, max_running: int, graph_sizes: list[int], max_k
             lengths = skewed_lengths(L, b)
             if b > 1 and b * int(lengths.max()) <= max_kv:
                 shapes.append(Shape("decode", [1] * b, (lengths - 1).tolist(), "skewed", L - 1))
+        if b in graph_sizes and b > 1 and not quick:
+            least = graph_sizes[graph_sizes.index(b) - 1] + 1 if graph_sizes.index(b) > 0 else b
+            for pattern, kvs in (("near", NEAR_KV), ("served", SERVED_KV)):
+                for L in kvs:
+                    for rows in sorted({b, max(least, 2)}):
+                        lengths = PATTERNS[pattern](L, rows)
+                        if int(lengths.sum()) * 2 <= max_kv:
+                            shapes.append(Shape("decode", [1] * rows, (lengths - 1).tolist(), pattern, L - 1))
     toks = [t for t in PREFILL_TOKENS if t <= max_tokens] or [max_tokens]
     for n in toks[:3] if quick else toks:
         for c in PREFILL_CACHED[:2] if quick else PREFILL_CACHED:
@@ -155,7 +167,12 @@ def time_shape(executor, ext, cac, num_slots: int, page_size: int, vocab: int, r
                cycles_per_s: float | None) -> dict:
     """Medians of one shape: device idle at launch (free), then device held (device)."""
     hb = synthetic_host_batch(ext, cac, num_slots, page_size, vocab, interleave=DECODE_INTERLEAVE)
-    sampling = greedy_sampling(len(ext))
+    return time_host_batch(executor, hb, repeats, cycles_per_s)
+
+
+def time_host_batch(executor, hb, repeats: int, cycles_per_s: float | None) -> dict:
+    """time_shape of a prepared batch (its KV slots as they are)."""
+    sampling = greedy_sampling(hb.fb.batch_size)
     prep, launch, free = [], [], []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -288,11 +305,26 @@ def run_profile(s, spec, schedulers, repeats: int = 5, quick: bool = False, poli
     host = run_host_workloads(s, spec, parts, schedulers, policies, host_requests or s.max_running, quick=quick)
     return {
         "device_samples": samples, "host_samples": host, "graph_sizes": sizes, "num_pages": slots // s.page_size,
-        "piece_sizes": pieces,
+        "piece_sizes": pieces, "decode_plan": decode_plan(graphs, spec, s.page_size, device),
         "timing": {"device_grid_s": t_dev, "host_workloads_s": time.perf_counter() - t0 - t_dev,
                    "shapes": len(grid), "repeats": repeats},
         "machine": machine_info(device),
     }
+
+
+def decode_plan(graphs, spec, page_size: int, device) -> dict | None:
+    """flashinfer's split-KV plan of the CUDA-core decode kernel the graphs captured (the cost
+    model's decode-graph load, sim/costmodel/decode_plan.py): the blocks one launch spreads over
+    the SMs, its padded batch times the KV heads, as the smallest graph's plan reads. None where
+    decode runs another kernel (tensor cores, torch) or the plan does not split."""
+    if graphs is None or device.type != "cuda" or getattr(graphs.backend, "_tensor_cores", True):
+        return None
+    info = getattr(graphs.wrappers[graphs.sizes[0]], "_plan_info", None)
+    if info is None or len(info) != 10 or not info[9]:  # DecodePlanInfo: padded batch first, split_kv last
+        return None
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return {"grid": int(info[0]) * spec.num_kv_heads, "kv_heads": spec.num_kv_heads, "sms": sms,
+            "min_chunk": max(128 // page_size, 1)}
 
 
 def machine_info(device) -> dict:

@@ -44,8 +44,9 @@ import numpy as np
 
 from testbed.modelspec import ModelSpec
 from testbed.sim.costmodel.base import COST_MODELS, StepCost, as_batch
+from testbed.sim.costmodel.decode_plan import DecodePlan
 from testbed.sim.costmodel.fit import (EAGER_EXTRA, MODEL_FIELDS, PROFILE_FORMAT, Fa2Shape, base_curve, eager_extras,
-                                       graph_imbalance, padded_tokens, predict_host_parts)
+                                       graph_imbalance, graph_lengths, padded_tokens, predict_host_parts)
 from testbed.sim.costmodel.hardware import HardwareSpec
 
 __all__ = ["CalibratedConfig", "CalibratedCostModel", "PROFILES_DIR", "available_profiles", "load_profile",
@@ -205,7 +206,11 @@ class CalibratedCostModel:
         self.max_graph = int(self.sizes[-1]) if len(self.sizes) else 0
         self._g_const = np.array(g["const_s"] if g else [], float)
         self._g_slope = np.array(g["per_kv_token_s"] if g else [], float)
-        self._g_imb = np.array(g.get("per_imbalance_s", [0.0] * len(self.sizes)) if g else [], float)
+        #: the third feature's coefficients: the split-KV plan's load (decode_plan.py) where the
+        #: profile recorded the plan, graph_imbalance otherwise (older profiles, other kernels)
+        self._plan = DecodePlan(**g["plan"]) if g and g.get("plan") else None
+        third = "per_load_token_s" if self._plan else "per_imbalance_s"
+        self._g_third = np.array(g.get(third, [0.0] * len(self.sizes)) if g else [], float)
         e = prof["device"]["eager"]
         self._bt, self._bs = np.array(e["base_tokens"], float), np.array(e["base_s"], float)
         self._extra = np.array([e["coef_s"].get(k, 0.0) for k in EAGER_EXTRA], float)
@@ -226,7 +231,11 @@ class CalibratedCostModel:
         if self.is_graph(n):
             i = int(np.searchsorted(self.sizes, b))
             s = int(self.sizes[i])
-            return float(self._g_const[i] + self._g_slope[i] * kv + self._g_imb[i] * graph_imbalance(n, c, s))
+            if not self._g_third[i]:
+                x3 = 0.0
+            else:
+                x3 = self._plan.load(graph_lengths(n, c, s)) if self._plan else graph_imbalance(n, c, s)
+            return float(self._g_const[i] + self._g_slope[i] * kv + self._g_third[i] * x3)
         kind = "decode" if tok == b else "prefill"
         if b > self.range["reqs"] or tok > self.range["tokens"] or kv > self.range["kv_tokens"]:
             return self._outside(kind, n, c, b, tok, kv)

@@ -46,6 +46,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from testbed.sim.costmodel.decode_plan import DecodePlan
+
 PROFILE_FORMAT = 2
 #: a step scheduled after the host sat idle this long counts as woken (fit_wake); the
 #: engine's loop sleeps only when nothing is in flight and the next arrival is ahead
@@ -242,6 +244,33 @@ def skewed_lengths(length: int, n: int) -> np.ndarray:
     return np.maximum(1, np.round(length * np.exp(0.6 * z - 0.18))).astype(np.int64)
 
 
+def near_lengths(length: int, n: int) -> np.ndarray:
+    """n context lengths from 0.8x to 1.2x `length`, in a fixed shuffled order: a serving batch
+    of similar requests (the profiler's other patterns put the longest row last)."""
+    if n == 1:
+        return np.array([length])
+    return _shuffled(np.round(length * np.linspace(0.8, 1.2, n)).astype(np.int64), length)
+
+
+def served_lengths(length: int, n: int) -> np.ndarray:
+    """n context lengths of a log-normal spread (sigma 0.35, mean about `length`), in a fixed
+    shuffled order: the decode batches of the fidelity runs' conversation traces (their
+    contexts' coefficient of variation is mostly 0.3-0.6)."""
+    if n == 1:
+        return np.array([length])
+    from statistics import NormalDist
+    z = np.array([NormalDist().inv_cdf((i + 0.5) / n) for i in range(n)])
+    return _shuffled(np.maximum(1, np.round(length * np.exp(0.35 * z - 0.06))).astype(np.int64), length)
+
+
+def _shuffled(lengths: np.ndarray, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed + len(lengths)).permutation(lengths)
+
+
+#: a decode sample's context pattern -> its lengths around the base context (sample_batch)
+PATTERNS = {"spread": spread_lengths, "skewed": skewed_lengths, "near": near_lengths, "served": served_lengths}
+
+
 def _features(rows: dict[str, np.ndarray], names) -> np.ndarray:
     return np.column_stack([np.ones(len(rows["reqs"])) if f == "const" else rows[f] for f in names])
 
@@ -266,11 +295,20 @@ def graph_imbalance(extend, cached, size: int) -> float:
     return float(size * ctx.max() - ctx.sum())
 
 
-def fit_graph(samples: list[dict], sizes: list[int]) -> dict:
-    """Per graph size: seconds fixed, per KV token and per unit of graph_imbalance (NNLS; the
-    imbalance column only where the size has samples of unequal or padded rows to tell it
-    apart). A sample belongs to the smallest size that holds it, as the engine runs it."""
-    const, slope, imb = [], [], []
+def graph_lengths(extend, cached, size: int) -> np.ndarray:
+    """Every row's context as a CUDA graph of `size` rows runs the batch: its padding rows hold
+    one token each."""
+    ctx = np.asarray(extend, np.int64) + np.asarray(cached, np.int64)
+    return np.concatenate([ctx, np.ones(size - len(ctx), np.int64)])
+
+
+def fit_graph(samples: list[dict], sizes: list[int], plan: dict | None = None) -> dict:
+    """Per graph size: seconds fixed, per KV token and per unit of the third feature (NNLS; the
+    third column only where the size has samples to tell it apart): with `plan` (flashinfer's
+    split-KV decode plan, see decode_plan.py) the busiest SM's KV tokens, otherwise
+    graph_imbalance. A sample belongs to the smallest size that holds it, as the engine runs it."""
+    dp = DecodePlan(**plan) if plan else None
+    const, slope, third = [], [], []
     for s in sizes:
         ds = [d for d in samples if d["kind"] == "decode" and d["reqs"] <= s
               and sizes[int(np.searchsorted(sizes, d["reqs"]))] == s]
@@ -278,13 +316,19 @@ def fit_graph(samples: list[dict], sizes: list[int]) -> dict:
             raise ValueError(f"profile: no decode sample at CUDA-graph size {s}")
         y = np.array([d["device_s"] for d in ds])
         kv = np.array([d["kv_tokens"] for d in ds], float)
-        im = np.array([graph_imbalance(*sample_batch(d), s) for d in ds])
-        cols = [np.ones(len(ds)), kv] + ([im] if im.max() > 0 else [])
+        if dp is not None:
+            x3 = np.array([dp.load(graph_lengths(*sample_batch(d), s)) for d in ds])
+            useful = np.ptp(x3 / np.maximum(kv, 1)) > 0  # not a multiple of the KV total
+        else:
+            x3 = np.array([graph_imbalance(*sample_batch(d), s) for d in ds])
+            useful = x3.max() > 0
+        cols = [np.ones(len(ds)), kv] + ([x3] if useful else [])
         c = scaled_nnls(np.column_stack(cols), y) if len(ds) >= 2 else np.array([y.mean(), 0.0])
         const.append(float(c[0]))
         slope.append(float(c[1]))
-        imb.append(float(c[2]) if len(c) > 2 else 0.0)
-    return {"sizes": list(sizes), "const_s": const, "per_kv_token_s": slope, "per_imbalance_s": imb}
+        third.append(float(c[2]) if len(c) > 2 else 0.0)
+    out = {"sizes": list(sizes), "const_s": const, "per_kv_token_s": slope}
+    return out | ({"plan": dict(plan), "per_load_token_s": third} if dp is not None else {"per_imbalance_s": third})
 
 
 def padded_tokens(piece_sizes, tokens) -> np.ndarray:
@@ -321,13 +365,12 @@ def fit_eager(samples: list[dict], max_graph: int, piece_sizes=(), fa: Fa2Shape 
 def sample_batch(d: dict) -> tuple[list[int], list[int]]:
     """(extend_lens, cached_lens) of a device sample (the profiler's shapes, see device_grid: a
     mixed step is one chunk, over ``chunk_cached`` tokens, and decodes; decode rows uniform, or
-    pattern "spread" or "skewed": spread_lengths or skewed_lengths of the context around cached + 1)."""
+    of a PATTERNS pattern around the context cached + 1)."""
     mixed = d["kind"] == "mixed"
     rows = d["reqs"] - 1 if mixed else d["reqs"]
     pattern = d.get("pattern", "uniform")
-    if pattern in ("spread", "skewed"):
-        lengths = spread_lengths if pattern == "spread" else skewed_lengths
-        cac = (lengths(d["cached"] + 1, rows) - 1).tolist()
+    if pattern in PATTERNS:
+        cac = (PATTERNS[pattern](d["cached"] + 1, rows) - 1).tolist()
     else:
         cac = [d["cached"]] * rows
     if mixed:
@@ -432,7 +475,7 @@ def fit_profile(raw: dict, cfg, spec, name: str | None = None) -> dict:
     pieces = list(raw.get("piece_sizes", []))
     hw = dict(cfg.hardware)
     fa = fa2_shape(spec, e, raw["machine"].get("gpu_sms") or hw.get("num_sms", 0))
-    device = {"graph": fit_graph(dev, sizes) if sizes else None, "eager": fit_eager(dev, max_graph, pieces, fa),
+    device = {"graph": fit_graph(dev, sizes, raw.get("decode_plan")) if sizes else None, "eager": fit_eager(dev, max_graph, pieces, fa),
               "range": {k: int(max(d[k] for d in dev)) for k in ("reqs", "tokens", "kv_tokens")}}
     hrows = raw["host_samples"]
     by_policy = sorted({r["policy"] for r in hrows})
