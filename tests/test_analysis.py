@@ -256,6 +256,8 @@ def test_notebook_executes(name, requests, tmp_path, monkeypatch):
     nb = nbformat.read(REPO / "analysis" / f"{name}.ipynb", as_version=4)
     monkeypatch.setenv("TESTBED_NB_OUT", str(tmp_path))  # the kernel inherits the environment
     monkeypatch.setenv("TESTBED_NB_REQUESTS", str(requests))
+    # the kernel imports this checkout's packages, not another one installed in the environment
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     nbclient.NotebookClient(nb, timeout=240, kernel_name="python3",
                             resources={"metadata": {"path": str(REPO / "analysis")}}).execute()
     images = sum("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
