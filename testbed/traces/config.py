@@ -9,7 +9,7 @@ from typing import Any
 from .base import TRACES, TraceError
 
 OVER_CONTEXT_RULES = ("reject", "truncate")
-# trace.format of a user's file (name="file"): auto reads it from the content (file_formats.py)
+# trace.format of a user's file (name="file"): auto reads it from the content (user_file.py)
 FILE_FORMATS = ("auto", "testbed", "mooncake", "burstgpt", "sharegpt")
 DEFAULT_VOCAB = 32000
 
@@ -159,6 +159,7 @@ def resolve_config(cfg: Any) -> TraceConfig:
     for key in ("prompt_len_min", "prompt_len_max", "output_len_min", "output_len_max",
                 "num_prefix_groups", "prefix_len"):
         synth[key] = _as_int(key, getattr(k, key), "use an int")
-    return replace(k, name=name, path=path, format=fmt, tokenizer=tokenizer, chars_per_token=cpt, num_requests=num, rate=rate, burstiness=burst,
+    return replace(k, name=name, path=path, format=fmt, tokenizer=tokenizer, chars_per_token=cpt,
+                   num_requests=num, rate=rate, burstiness=burst,
                    time_scale=scale, seed=seed, shuffle=shuffle, over_context=rule,
                    block_size=block, vocab_size=vocab, max_context=max_ctx, **synth)

@@ -2,10 +2,10 @@
 Parquet table, one request a row.
 
 Columns: output_tokens (required); prompt_ids (a list of ints, used exactly) or
-prompt_tokens (a length), per row; optional arrival_s (seconds, or Parquet timestamps / durations; synthesized when absent;
-shifted so the first arrival is at 0),
-prefix_ids (list of block ids, like Mooncake hash_ids, block_size tokens each; with
-prompt_tokens only), priority (int). In CSV a list is a JSON list string "[1, 2]" or
+prompt_tokens (a length), per row; optional arrival_s (seconds, or Parquet timestamps /
+durations; synthesized when absent; shifted so the first arrival is at 0), prefix_ids (list
+of block ids, like Mooncake hash_ids, block_size tokens each; with prompt_tokens only),
+priority (int). In CSV a list is a JSON list string "[1, 2]" or
 space-separated ints "1 2".
 """
 from __future__ import annotations
@@ -20,15 +20,13 @@ from .token_ids import block_ids, unique_ids
 
 PROMPT_IDS, PROMPT_TOKENS, OUTPUT = "prompt_ids", "prompt_tokens", "output_tokens"
 ARRIVAL, PREFIX, PRIORITY = "arrival_s", "prefix_ids", "priority"
+COLUMNS = (PROMPT_IDS, PROMPT_TOKENS, OUTPUT, ARRIVAL, PREFIX, PRIORITY)
 
 
 def _lists(df, src, name) -> list[np.ndarray | None]:
     if name not in df.columns:
         return [None] * len(df)
     return [int_list(v, src, i, name) for i, v in enumerate(df[name].to_numpy())]
-
-
-COLUMNS = (PROMPT_IDS, PROMPT_TOKENS, OUTPUT, ARRIVAL, PREFIX, PRIORITY)
 
 
 def rows(df, src: Source, k: TraceConfig) -> Rows:
