@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -256,6 +257,8 @@ def test_notebook_executes(name, requests, tmp_path, monkeypatch):
     nb = nbformat.read(REPO / "analysis" / f"{name}.ipynb", as_version=4)
     monkeypatch.setenv("TESTBED_NB_OUT", str(tmp_path))  # the kernel inherits the environment
     monkeypatch.setenv("TESTBED_NB_REQUESTS", str(requests))
+    # the kernel imports this checkout's packages, not another one installed in the environment
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     nbclient.NotebookClient(nb, timeout=240, kernel_name="python3",
                             resources={"metadata": {"path": str(REPO / "analysis")}}).execute()
     images = sum("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
@@ -308,6 +311,71 @@ def test_ray_launcher_config_composes_without_the_plugin():
     assert launcher["_target_"] == "hydra_plugins.hydra_ray_launcher.ray_launcher.RayLauncher"
     assert launcher["ray"]["remote"] == {"num_cpus": 1, "num_gpus": 0, "max_calls": 1}
     assert "multirun/" in launcher["ray"]["init"]["runtime_env"]["excludes"]
+
+
+def sweep_env() -> dict:
+    """The environment of a sweep's subprocess: this checkout first on the path (the launchers'
+    job processes import testbed), no Ray cluster address inherited (a local Ray starts)."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    return env
+
+
+def check_four_jobs(d: Path) -> None:
+    """A finished 4-job sweep of trace.rate=1,2,4,8: every job complete, one combined table."""
+    table = pd.read_parquet(d / "sweep.parquet")
+    assert sorted(table["trace.rate"]) == [1, 2, 4, 8] and table["complete"].all()
+    for job in table["job"]:
+        assert len(pd.read_parquet(d / job / "requests.parquet")) == 20
+
+
+@pytest.mark.slow
+def test_ray_launcher_runs_a_sweep_on_a_local_cluster(tmp_path):
+    """hydra/launcher=ray_cluster for real: ray.init starts a local Ray on this machine and the
+    four jobs run as Ray tasks in its worker processes."""
+    pytest.importorskip("hydra_plugins.hydra_ray_launcher")  # the ray extra (CI installs it)
+    d = tmp_path / "ray"
+    p = subprocess.Popen([sys.executable, "-m", "testbed.run", "-m", "hydra/launcher=ray_cluster",
+                          "trace.rate=1,2,4,8", "trace.num_requests=20", "progress=false", f"hydra.sweep.dir={d}",
+                          "+hydra.launcher.ray.init.num_cpus=2", "+hydra.launcher.ray.init.include_dashboard=false"],
+                         cwd=REPO, env=sweep_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = p.communicate(timeout=540)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert p.returncode == 0, out[-3000:]
+    assert "Ray Launcher is launching 4 jobs" in out
+    # Ray forwards its workers' output prefixed with the task and the worker's pid
+    workers = {int(pid) for pid in re.findall(r"\(_run_job pid=(\d+)\)", out)}
+    assert workers and p.pid not in workers
+    check_four_jobs(d)
+
+
+@pytest.mark.slow
+def test_slurm_local_launcher_runs_a_sweep(tmp_path):
+    """hydra/launcher=slurm_local: submitit's local executor runs each job in its own process
+    from the pickled job, as SLURM array tasks would, with submitit's logs per job."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    d = tmp_path / "local"
+    p = subprocess.run([sys.executable, "-m", "testbed.run", "-m", "hydra/launcher=slurm_local",
+                        "trace.rate=1,2,4,8", "trace.num_requests=20", "progress=false", f"hydra.sweep.dir={d}"],
+                       cwd=REPO, env=sweep_env(), capture_output=True, text=True, timeout=540)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    check_four_jobs(d)
+    jobs = sorted((d / ".submitit").glob("*/*_result.pkl"))  # one folder per submitit job, named by its id
+    assert len(jobs) == 4 and len({j.parent for j in jobs}) == 4
+
+
+def test_slurm_local_has_the_per_job_resources_of_slurm():
+    from omegaconf import OmegaConf
+    slurm = OmegaConf.to_container(compose(["hydra/launcher=slurm"]).hydra.launcher)
+    local = OmegaConf.to_container(compose(["hydra/launcher=slurm_local"]).hydra.launcher)
+    assert local["_target_"].endswith("LocalLauncher")
+    for key in ("timeout_min", "cpus_per_task", "mem_gb", "tasks_per_node", "nodes", "gpus_per_node",
+                "submitit_folder"):
+        assert local[key] == slurm[key], key
 
 
 def test_sweep_examples_compose():

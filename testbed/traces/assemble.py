@@ -47,7 +47,7 @@ def _order(rows: Rows, k: TraceConfig, notes: list[str]) -> np.ndarray:
     if rows.shufflable:
         notes.append("rows kept in file order (shuffle=false)")
     elif rows.src.kind != "synthetic":
-        notes.append("rows kept in file order (no arrival times; shuffle applies only to sharegpt, arxiv, bwb)")
+        notes.append("rows kept in file order (no arrival times; shuffle applies only to sharegpt, arxiv, bwb and ShareGPT JSON files)")
     return np.arange(n)
 
 

@@ -2,7 +2,7 @@
 registers its own) and row labels for errors."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -58,18 +58,26 @@ class Source:
     """Where rows come from, so an error can name the file and the row as a user counts it.
 
     kind: "csv" (data row r is file line r + 1, the header is line 1), "jsonl" (the file
-    line is kept per row, blank lines skipped), "parquet" (row r, 1-based), or "synthetic".
+    line is kept per row, blank lines skipped), "json" (a JSON array: the line where each
+    row's entry starts), "parquet" (row r, 1-based), or "synthetic".
     """
 
     path: str
     kind: str
-    lines: tuple[int, ...] | None = None  # jsonl: file line of each data row
+    lines: tuple[int, ...] | None = None  # jsonl, json: file line of each data row
+    kept: tuple[int, ...] | None = None  # rows of a format that leaves some out: their rows in the file
+
+    def subset(self, index) -> "Source":
+        """The same file, for the rows `index` of it: row i of the subset is labelled as file row index[i]."""
+        return replace(self, kept=tuple(int(i) for i in index))
 
     def row(self, i: int) -> str:
         """Label of the 0-based data row i."""
+        if self.kept is not None:
+            i = self.kept[i]
         if self.kind == "csv":
             return f"data row {i + 1} (line {i + 2} counting the header)"
-        if self.kind == "jsonl":
+        if self.kind in ("jsonl", "json"):
             line = self.lines[i] if self.lines is not None else i + 1
             return f"line {line}"
         if self.kind == "parquet":

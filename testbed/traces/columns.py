@@ -100,6 +100,13 @@ def read_table(p: Path) -> tuple[pd.DataFrame, Source]:
     raise TraceError(f"{p}: unknown file type {suffix!r}; use .csv, .jsonl or .parquet")
 
 
+def ignored_columns(df: pd.DataFrame, known) -> list[str]:
+    """A note naming the columns a format does not read (none: no note), so nothing in a
+    file is passed over without a word."""
+    other = [str(c) for c in df.columns if c not in known]
+    return [f"columns not read by this format: {', '.join(other)}"] if other else []
+
+
 def require(df: pd.DataFrame, src: Source, names: list[str]) -> None:
     for name in names:
         if name not in df.columns:

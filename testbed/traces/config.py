@@ -9,6 +9,8 @@ from typing import Any
 from .base import TRACES, TraceError
 
 OVER_CONTEXT_RULES = ("reject", "truncate")
+# trace.format of a user's file (name="file"): auto reads it from the content (user_file.py)
+FILE_FORMATS = ("auto", "testbed", "mooncake", "burstgpt", "sharegpt")
 DEFAULT_VOCAB = 32000
 
 
@@ -19,6 +21,9 @@ class TraceConfig:
 
     name: str = "sharegpt"  # the trace: a bundled one, synthetic, or file (trace.path)
     path: str | None = None  # override of the bundled file; required for name="file"
+    format: str = "auto"  # name="file": auto (from the content), testbed, mooncake (also AIPerf), burstgpt, sharegpt (vllm bench JSON)
+    tokenizer: str | None = None  # format=sharegpt: a tokenizer.json (or its folder) to count tokens; null: estimate from characters
+    chars_per_token: float = 4.0  # format=sharegpt without a tokenizer: tokens = ceil(characters / this)
     num_requests: int | None = 1000  # None or 0: every row
     rate: float = 4.0  # req/s when arrivals are synthesized; inf: all at t=0
     burstiness: float = 1.0  # Gamma shape of inter-arrival gaps; 1 = Poisson
@@ -38,7 +43,7 @@ class TraceConfig:
     prefix_len: int = 64  # shared prefix tokens of each group (part of the prompt)
 
 
-_NULLABLE = {"path", "num_requests", "max_context"}
+_NULLABLE = {"path", "num_requests", "max_context", "tokenizer"}
 
 
 def _read(cfg: Any, key: str, default: Any) -> Any:
@@ -102,6 +107,15 @@ def resolve_config(cfg: Any) -> TraceConfig:
     name = str(k.name)
     TRACES.check(name)
     path = None if k.path in (None, "") else str(k.path)
+    fmt = str(k.format)
+    if fmt not in FILE_FORMATS:
+        raise bad_value("format", k.format, f"use one of {', '.join(FILE_FORMATS)}")
+    if fmt != "auto" and name != "file":
+        raise bad_value("format", k.format, f"it applies to name=file only (this is {name!r}); leave it auto")
+    tokenizer = None if k.tokenizer in (None, "") else str(k.tokenizer)
+    cpt = _as_float("chars_per_token", k.chars_per_token, "use a finite float > 0")
+    if not (cpt > 0 and math.isfinite(cpt)):
+        raise bad_value("chars_per_token", k.chars_per_token, "use a finite float > 0")
 
     if k.num_requests is None:
         num = None
@@ -145,6 +159,7 @@ def resolve_config(cfg: Any) -> TraceConfig:
     for key in ("prompt_len_min", "prompt_len_max", "output_len_min", "output_len_max",
                 "num_prefix_groups", "prefix_len"):
         synth[key] = _as_int(key, getattr(k, key), "use an int")
-    return replace(k, name=name, path=path, num_requests=num, rate=rate, burstiness=burst,
+    return replace(k, name=name, path=path, format=fmt, tokenizer=tokenizer, chars_per_token=cpt,
+                   num_requests=num, rate=rate, burstiness=burst,
                    time_scale=scale, seed=seed, shuffle=shuffle, over_context=rule,
                    block_size=block, vocab_size=vocab, max_context=max_ctx, **synth)

@@ -1,118 +1,49 @@
-"""A user's own trace file (CSV, JSONL or Parquet), one request a row.
+"""A user's own trace file (trace=file, trace.path=...): which format it is in, and its reader.
 
-Columns: output_tokens (required); prompt_ids (a list of ints, used exactly) or
-prompt_tokens (a length), per row; optional arrival_s (seconds, or Parquet timestamps / durations; synthesized when absent;
-shifted so the first arrival is at 0),
-prefix_ids (list of block ids, like Mooncake hash_ids, block_size tokens each; with
-prompt_tokens only), priority (int). In CSV a list is a JSON list string "[1, 2]" or
-space-separated ints "1 2".
+trace.format names the format, or `auto` reads it from the content: a JSON array is
+`vllm bench`'s ShareGPT conversations (sharegpt_json.py); a table (CSV, JSONL, Parquet)
+with `Request tokens` and `Response tokens` is BurstGPT (burstgpt.py), one with
+`input_length` is Mooncake / AIPerf (mooncake.py), anything else the testbed's own columns
+(testbed_format.py).
 """
 from __future__ import annotations
 
-import numpy as np
-
-from .assemble import Rows, assemble
+from . import burstgpt, mooncake, sharegpt_json, testbed_format
+from .assemble import assemble
 from .base import TRACES, Trace, TraceError
-from .columns import find_file, int_column, int_list, read_table, require, seconds_column
+from .columns import find_file, read_table
 from .config import TraceConfig
-from .token_ids import block_ids, unique_ids
 
-PROMPT_IDS, PROMPT_TOKENS, OUTPUT = "prompt_ids", "prompt_tokens", "output_tokens"
-ARRIVAL, PREFIX, PRIORITY = "arrival_s", "prefix_ids", "priority"
+TABLE_READERS = {
+    "testbed": testbed_format.rows,
+    "mooncake": lambda df, src, k: mooncake.rows(df, src, k, k.block_size),
+    "burstgpt": burstgpt.rows,
+}
 
 
-def _lists(df, src, name) -> list[np.ndarray | None]:
-    if name not in df.columns:
-        return [None] * len(df)
-    return [int_list(v, src, i, name) for i, v in enumerate(df[name].to_numpy())]
+def detect(columns) -> tuple[str, str]:
+    """(format, why) of a table from its column names."""
+    cols = set(map(str, columns))
+    if {burstgpt.PROMPT, burstgpt.OUTPUT} <= cols:
+        return "burstgpt", f"columns '{burstgpt.PROMPT}' and '{burstgpt.OUTPUT}'"
+    if mooncake.PROMPT in cols:
+        return "mooncake", f"column '{mooncake.PROMPT}'"
+    return "testbed", "no BurstGPT or Mooncake columns"
 
 
 def load(k: TraceConfig) -> Trace:
     path = find_file(k.path, None, "trace name 'file'")
-    df, src = read_table(path)
-    if PROMPT_IDS not in df.columns and PROMPT_TOKENS not in df.columns:
-        present = ", ".join(map(str, df.columns)) or "none"
-        raise TraceError(f"{src.path}: missing column '{PROMPT_TOKENS}' (or '{PROMPT_IDS}') "
-                         f"(columns present: {present})")
-    require(df, src, [OUTPUT])
-    n = len(df)
-    output, _ = int_column(df, src, OUTPUT, minimum=1)
-
-    given = _lists(df, src, PROMPT_IDS)
-    has_ids = np.array([g is not None for g in given], dtype=bool)
-    if PROMPT_TOKENS in df.columns:
-        tokens, has_tokens = int_column(df, src, PROMPT_TOKENS, minimum=1, optional_rows=has_ids)
+    if k.format == "sharegpt" or (k.format == "auto" and sharegpt_json.starts_as_array(path)):
+        why = "given" if k.format == "sharegpt" else "a JSON array"
+        rows = sharegpt_json.rows(path, k)
+        fmt = "sharegpt"
     else:
-        tokens, has_tokens = np.zeros(n, np.int64), np.zeros(n, bool)
-    missing = ~has_ids & ~has_tokens
-    if missing.any():
-        i = int(np.argmax(missing))
-        col = PROMPT_TOKENS if PROMPT_TOKENS in df.columns else PROMPT_IDS
-        raise src.error(i, col, f"is empty; each row needs {PROMPT_TOKENS} or {PROMPT_IDS}")
-    prompt = tokens.copy()
-    for i in np.flatnonzero(has_ids):
-        ids = given[i]
-        if len(ids) == 0:
-            raise src.error(int(i), PROMPT_IDS, "is an empty list (prompt length 0)")
-        lo, hi = int(ids.min()), int(ids.max())
-        if lo < 0 or hi >= k.vocab_size:
-            raise src.error(int(i), PROMPT_IDS, f"holds id {lo if lo < 0 else hi} outside "
-                                                f"[0, vocab_size={k.vocab_size})")
-        if has_tokens[i] and tokens[i] != len(ids):
-            raise src.error(int(i), PROMPT_TOKENS, f"value {tokens[i]} disagrees with the "
-                                                   f"{len(ids)} ids in {PROMPT_IDS}")
-        prompt[i] = len(ids)
-
-    prefixes = _lists(df, src, PREFIX)
-    for i in np.flatnonzero(has_ids):
-        if prefixes[i] is not None:
-            raise src.error(int(i), PREFIX, f"is given together with {PROMPT_IDS}; give one of them")
-    has_prefix = np.array([p is not None for p in prefixes], dtype=bool)
-
-    arrival = seconds_column(df, src, ARRIVAL) if ARRIVAL in df.columns else None
-    priority = int_column(df, src, PRIORITY)[0] if PRIORITY in df.columns else None
-
-    notes = []
-    if has_ids.any():
-        notes.append(f"token ids: {int(has_ids.sum())} rows give {PROMPT_IDS}, used exactly")
-    if has_prefix.any():
-        notes.append(f"token ids: {int(has_prefix.sum())} rows give {PREFIX}: each block id expands to the "
-                     f"same {k.block_size} ids (seed {k.seed}), cut to {PROMPT_TOKENS}")
-    if (~has_ids & ~has_prefix).any():
-        notes.append(f"token ids: seeded random (seed {k.seed}, vocab {k.vocab_size}) for rows with "
-                     f"only {PROMPT_TOKENS}")
-
-    def make_ids(take, rids, lens):
-        out: list = [None] * len(take)
-        by_prefix = [j for j, i in enumerate(take) if has_prefix[i]]
-        by_random = [j for j, i in enumerate(take) if not has_prefix[i] and not has_ids[i]]
-        for j, i in enumerate(take):
-            if has_ids[i]:
-                out[j] = given[i][: lens[j]].astype(np.int32)
-        if by_prefix:
-            sel = np.array(by_prefix)
-            ids, padded = block_ids(k.seed, [prefixes[take[j]] for j in by_prefix],
-                                            rids[sel], lens[sel], k.block_size, k.vocab_size)
-            for j, x in zip(by_prefix, ids):
-                out[j] = x
-            if padded:
-                notes.append(f"{padded} rows are longer than their {PREFIX} blocks: padded with ids of their own")
-        if by_random:
-            sel = np.array(by_random)
-            for j, x in zip(by_random, unique_ids(k.seed, rids[sel], lens[sel], k.vocab_size)):
-                out[j] = x
-        return out
-
-    rows = Rows(
-        src=src,
-        prompt_len=prompt,
-        output_len=output,
-        arrival_s=arrival,
-        arrival_what=f"column {ARRIVAL}",
-        priority=priority,
-        make_ids=make_ids,
-        notes=notes,
-    )
+        if sharegpt_json.starts_as_array(path):  # format= names a table format
+            raise TraceError(f"{path}: a JSON array is read as trace.format=sharegpt, not {k.format}")
+        df, src = read_table(path)
+        fmt, why = (k.format, "given") if k.format != "auto" else detect(df.columns)
+        rows = TABLE_READERS[fmt](df, src, k)
+    rows.notes.insert(0, f"format: {fmt} ({why})")
     return assemble("file", rows, k)
 
 
