@@ -104,8 +104,8 @@ def main(argv: list[str]) -> int:
     try:
         settings, overrides, cfg, policies = configure(argv)
         out = Path(settings.out_dir())
-        if (out / "capacity.json").exists():
-            raise CapacityError(f"{out} already holds a capacity search; give this one its own capacity.out=")
+        if out.exists() and any(out.iterdir()):  # a search's run directories are named by their order
+            raise CapacityError(f"{out} is not empty; give this search its own capacity.out=")
     except (CapacityError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -24,21 +24,24 @@ def _value(v, unit: str) -> dict:
     return {"value": v, "unit": unit}
 
 
+def _ms(seconds) -> float:
+    return float(seconds) * 1000.0
+
+
 def _finished_metrics(row) -> dict:
-    ms = lambda s: float(s) * 1000.0  # noqa: E731
     times = np.asarray(row.token_times_s if row.token_times_s is not None else [], float)
     out = {
         "input_sequence_length": _value(int(row.prompt_tokens), "tokens"),
-        "time_to_first_token": _value(ms(row.ttft_s), "ms"),
-        "request_latency": _value(ms(row.e2e_s), "ms"),
+        "time_to_first_token": _value(_ms(row.ttft_s), "ms"),
+        "request_latency": _value(_ms(row.e2e_s), "ms"),
         "output_token_count": _value(int(row.output_tokens), "tokens"),
         "output_sequence_length": _value(int(row.output_tokens), "tokens"),
     }
     if row.output_tokens > 1 and len(times) > 1 and row.tpot_s is not None and math.isfinite(row.tpot_s):
         gaps = np.diff(times)
-        out["time_to_second_token"] = _value(ms(gaps[0]), "ms")
-        out["inter_chunk_latency"] = _value([ms(g) for g in gaps], "ms")
-        out["inter_token_latency"] = _value(ms(row.tpot_s), "ms")
+        out["time_to_second_token"] = _value(_ms(gaps[0]), "ms")
+        out["inter_chunk_latency"] = _value([_ms(g) for g in gaps], "ms")
+        out["inter_token_latency"] = _value(_ms(row.tpot_s), "ms")
         if row.tpot_s > 0:
             out["output_token_throughput_per_user"] = _value(1.0 / float(row.tpot_s), "tokens/sec/user")
     return out
@@ -47,7 +50,10 @@ def _finished_metrics(row) -> dict:
 def aiperf_records(run: RunData) -> Iterator[dict]:
     req = run.requests
     base = run.started_ns
-    ns = lambda s: base + int(round(float(s) * 1e9))  # noqa: E731
+
+    def ns(seconds) -> int:
+        return base + round(float(seconds) * 1e9)
+
     # a request the run stopped before it ended gets the run's last known time as its end
     last = np.nanmax(np.concatenate([req[c].to_numpy(float) for c in ("arrival_s", "finish_s", "first_token_s")]))
     worker = f"testbed-{run.backend}"

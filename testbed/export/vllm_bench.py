@@ -46,12 +46,16 @@ def peak_concurrency(done: pd.DataFrame) -> int:
     return int(np.cumsum(steps[order]).max())
 
 
+def synthesized(run: RunData) -> bool:
+    """Whether the run drew its arrivals at trace.rate (runs written before summary.json said so: no)."""
+    return (run.summary.get("trace") or {}).get("synthesized_arrivals") is True
+
+
 def request_rate(run: RunData) -> tuple[object, str]:
     """(vLLM's request_rate, where it came from): trace.rate when the run drew its arrivals at
     that rate, else the rate its own arrival times offered."""
-    trace = run.config.get("trace") or {}
-    if (run.summary.get("trace") or {}).get("synthesized_arrivals") is True:
-        rate, source = float(trace.get("rate")), "trace.rate (arrivals drawn at that rate)"
+    if synthesized(run):
+        rate, source = float(run.config["trace"]["rate"]), "trace.rate (arrivals drawn at that rate)"
     else:
         rate, source = offered_rate(run.requests), "measured: arrivals over the arrival window (the trace's own times)"
     return ("inf" if math.isinf(rate) else rate), source
@@ -86,16 +90,15 @@ def vllm_result(run: RunData, percentiles=DEFAULT_PERCENTILES, detailed: bool = 
     m = summarize(req, None, *run.slo)
     done = req[req["state"] == "FINISHED"]
     rate, rate_source = request_rate(run)
-    synthesized = (run.summary.get("trace") or {}).get("synthesized_arrivals") is True
     backend = f"testbed-{run.backend}"
     out = {
         "date": run.started.strftime("%Y%m%d-%H%M%S"),
         "endpoint_type": backend, "backend": backend,
         "label": f"{backend}-{run.name_of('policy')}",
         "model_id": run.name_of("model"), "tokenizer_id": None,
-        "num_prompts": int(len(req)),
+        "num_prompts": len(req),
         "request_rate": rate,
-        "burstiness": (run.config.get("trace") or {}).get("burstiness") if synthesized else None,
+        "burstiness": run.config["trace"]["burstiness"] if synthesized(run) else None,
         "max_concurrency": None,  # no client-side cap: every request is sent at its arrival
         "duration": m["duration_s"],
         **{k: m[k] for k in ("completed", "failed", "total_input_tokens", "total_output_tokens",
