@@ -136,7 +136,8 @@ def _run(cfg: Config, out_dir: str, engine_parts, keep_ids, print_table) -> dict
                   "num_requests": len(requests), "rows": trace.rows, "rows_left_out": trace.rows_left_out,
                   "synthesized_arrivals": trace.synthesized_arrivals},
         "kv": {**info, "integrity": integrity},
-        "started_at": started_at.isoformat(), "wall_time_s": wall, "steps_per_wall_s": len(driver.steps) / wall if wall else None,
+        "started_at": started_at.isoformat(),
+        "wall_time_s": wall, "steps_per_wall_s": len(driver.steps) / wall if wall else None,
     }
     unwritten = None
     with _signals_wait_for_the_write():

@@ -206,7 +206,8 @@ def test_bad_input_is_one_line(case, run_dir, tmp_path):
         (d / "requests.parquet").write_bytes(b"PAR1 truncated")
         needle = "requests.parquet: unreadable"
     elif case == "format":
-        args, needle = [run_dir, "--format", "genai-perf"], "invalid choice: 'genai-perf' (choose from 'aiperf', 'vllm')"
+        args = [run_dir, "--format", "genai-perf"]
+        needle = "invalid choice: 'genai-perf' (choose from 'aiperf', 'vllm')"
     elif case == "no_format":
         args, needle = [run_dir], "the following arguments are required: --format"
     elif case == "percentiles":
