@@ -13,10 +13,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from testbed.timeline.metrics import summarize
+from testbed.timeline.metrics import latency_samples, offered_rate, summarize
 
 LATENCIES = ("ttft", "tpot", "itl", "e2e", "queue")
-_COLUMN = {"ttft": "ttft_s", "tpot": "tpot_s", "e2e": "e2e_s", "queue": "queue_s"}
 UNITS = {"ttft": "TTFT (ms)", "tpot": "TPOT (ms)", "itl": "inter-token latency (ms)",
          "e2e": "end-to-end latency (ms)", "queue": "queueing delay (ms)"}
 
@@ -42,16 +41,9 @@ def finished(requests: pd.DataFrame) -> pd.DataFrame:
 
 def latency_values(requests: pd.DataFrame, metric: str) -> np.ndarray:
     """One latency in ms per finished request (per token gap for itl), NaNs dropped."""
-    done = finished(requests)
-    if metric == "itl":
-        gaps = [np.diff(np.asarray(t, float)) for t in done["token_times_s"] if t is not None and len(t) > 1]
-        v = np.concatenate(gaps) if gaps else np.zeros(0)
-    elif metric in _COLUMN:
-        v = done[_COLUMN[metric]].to_numpy(dtype=float)
-    else:
+    if metric not in LATENCIES:
         raise ValueError(f"unknown latency {metric!r}; known: {', '.join(LATENCIES)}")
-    v = v * 1000.0
-    return v[np.isfinite(v)]
+    return latency_samples(finished(requests))["e2el" if metric == "e2e" else metric]
 
 
 def percentiles(requests: pd.DataFrame, by=None, metrics=("ttft", "tpot", "itl", "e2e", "queue"),
@@ -72,7 +64,8 @@ def percentiles(requests: pd.DataFrame, by=None, metrics=("ttft", "tpot", "itl",
 
 
 def summarize_groups(requests: pd.DataFrame, steps: pd.DataFrame | None = None, by=None,
-                     slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None) -> pd.DataFrame:
+                     slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
+                     slo_e2e_ms: float | None = None) -> pd.DataFrame:
     """summary.json's metrics recomputed per group (default: per job), for SLOs chosen now:
     throughput, goodput, slo_attainment, latency percentiles, queueing delay, prefix-cache hit
     rate, preemptions, KV utilisation. Group by job (not by policy) when jobs differ in more
@@ -81,22 +74,15 @@ def summarize_groups(requests: pd.DataFrame, steps: pd.DataFrame | None = None, 
     step_groups = dict(_groups(steps, keys)) if steps is not None and len(steps) else {}
     rows = []
     for key, g in _groups(requests, keys):
-        rows.append({**dict(zip(keys, key)), **summarize(g, step_groups.get(key), slo_ttft_ms, slo_tpot_ms),
+        rows.append({**dict(zip(keys, key)), **summarize(g, step_groups.get(key), slo_ttft_ms, slo_tpot_ms, slo_e2e_ms),
                      "offered_rate": offered_rate(g)})
     return pd.DataFrame(rows)
 
 
-def offered_rate(requests: pd.DataFrame) -> float:
-    """Arrivals per second over the arrival window: the load a run was offered (req/s)."""
-    a = requests["arrival_s"].to_numpy(dtype=float)
-    if len(a) < 2 or a.max() <= a.min():
-        return float("inf") if len(a) else 0.0
-    return (len(a) - 1) / float(a.max() - a.min())
-
-
-def slo_attainment(requests: pd.DataFrame, ttft_ms: float | None, tpot_ms: float | None, by=None) -> pd.DataFrame:
-    """Per group: share of all requests that finished within both SLOs, and goodput (req/s)."""
-    df = summarize_groups(requests, None, by, ttft_ms, tpot_ms)
+def slo_attainment(requests: pd.DataFrame, ttft_ms: float | None, tpot_ms: float | None, by=None,
+                   e2e_ms: float | None = None) -> pd.DataFrame:
+    """Per group: share of all requests that finished within every SLO given, and goodput (req/s)."""
+    df = summarize_groups(requests, None, by, ttft_ms, tpot_ms, e2e_ms)
     return df[_by(requests, by) + ["completed", "request_throughput", "slo_attainment", "goodput"]]
 
 

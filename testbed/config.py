@@ -96,14 +96,22 @@ class EngineConfig:
 @dataclass
 class SLOConfig:
     ttft_ms: Optional[float] = None  # a request meets the SLO with a TTFT at most this; null: no TTFT SLO
-    tpot_ms: Optional[float] = None  # ... and a TPOT at most this (goodput counts those meeting all given)
+    tpot_ms: Optional[float] = None  # ... and a TPOT at most this; null: no TPOT SLO
+    e2e_ms: Optional[float] = None  # ... and an end-to-end latency at most this (goodput counts those meeting all given)
+
+    def given(self) -> bool:
+        return any(v is not None for v in (self.ttft_ms, self.tpot_ms, self.e2e_ms))
 
     def validate(self) -> None:
-        for key in ("ttft_ms", "tpot_ms"):
+        for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
             v = getattr(self, key)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0
-                                  or v == float("inf")):
+            if v is not None and not is_slo_ms(v):
                 _bad(f"slo.{key}", v, "null (no SLO) or a number of milliseconds > 0")
+
+
+def is_slo_ms(v) -> bool:
+    """A usable SLO: a finite number of milliseconds > 0."""
+    return not isinstance(v, bool) and isinstance(v, (int, float)) and 0 < v < float("inf")
 
 
 @dataclass

@@ -9,8 +9,8 @@ preemptions), writes sweep.parquet / sweep.csv and PNG plots into DIR:
   gantt.png        a dozen neighbouring requests of one job: queued, prefill, decode
   kv.png           that job's KV pool, batch mix and queue lengths over time
 
-Jobs that cannot be read are named and skipped. SLOs given here (--slo-ttft-ms / --slo-tpot-ms)
-recompute goodput for every job, whatever the runs were started with."""
+Jobs that cannot be read are named and skipped. SLOs given here (--slo-ttft-ms / --slo-tpot-ms /
+--slo-e2e-ms) recompute goodput for every job, whatever the runs were started with."""
 from __future__ import annotations
 
 import argparse
@@ -36,6 +36,7 @@ def parse_args(argv=None):
     p.add_argument("dir", help="a run directory or a multirun (sweep) directory")
     p.add_argument("--slo-ttft-ms", type=float, default=None, help="TTFT SLO for goodput (ms)")
     p.add_argument("--slo-tpot-ms", type=float, default=None, help="TPOT SLO for goodput (ms)")
+    p.add_argument("--slo-e2e-ms", type=float, default=None, help="end-to-end latency SLO for goodput (ms)")
     p.add_argument("--x", default=None, help="load axis of load.png (default: trace.rate, trace.time_scale, "
                                              "else the measured offered rate)")
     p.add_argument("--by", default=None, help="line per value of this key in load.png (default: the other "
@@ -66,11 +67,14 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def with_slo(results, ttft_ms, tpot_ms):
-    """Recompute goodput / SLO attainment per job for the given SLOs."""
+GOODPUT = ["request_goodput", "goodput", "slo_attainment"]
+
+
+def with_slo(results, slo):
+    """Recompute goodput / SLO attainment per job for the given SLOs (an SLOConfig)."""
     from analysis.metrics import summarize_groups
-    g = summarize_groups(results.requests, None, "job", ttft_ms, tpot_ms)[["job", "goodput", "slo_attainment"]]
-    s = results.summaries.drop(columns=["goodput", "slo_attainment"], errors="ignore")
+    g = summarize_groups(results.requests, None, "job", slo.ttft_ms, slo.tpot_ms, slo.e2e_ms)[["job", *GOODPUT]]
+    s = results.summaries.drop(columns=GOODPUT, errors="ignore")
     return s.merge(g, on="job", how="left")
 
 
@@ -93,9 +97,8 @@ def plots(results, summaries, args, out: Path) -> list[Path]:
     varying = results.varying()
     labels = job_labels(summaries, varying)
     reqs = results.requests
-    slo = [f"TTFT <= {args.slo_ttft_ms:g} ms" if args.slo_ttft_ms else None,
-           f"TPOT <= {args.slo_tpot_ms:g} ms" if args.slo_tpot_ms else None]
-    slo = ", ".join(s for s in slo if s)
+    slo = ", ".join(f"{name} <= {v:g} ms" for name, v in (("TTFT", args.slo_ttft_ms), ("TPOT", args.slo_tpot_ms),
+                                                          ("E2E", args.slo_e2e_ms)) if v)
     x = choose_x(summaries, varying, args.x)
     if len(varying) == 2 and x in varying:  # colour per the other key, dashes per load
         by, style = [k for k in varying if k != x], x
@@ -132,6 +135,12 @@ def say(text: str) -> None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     from analysis.load import LoadError, load
+    from testbed.config import SLOConfig, is_slo_ms
+    slo = SLOConfig(args.slo_ttft_ms, args.slo_tpot_ms, args.slo_e2e_ms)
+    for flag, v in (("--slo-ttft-ms", slo.ttft_ms), ("--slo-tpot-ms", slo.tpot_ms), ("--slo-e2e-ms", slo.e2e_ms)):
+        if v is not None and not is_slo_ms(v):
+            print(f"error: {flag} {v:g} is invalid; an SLO is a number of milliseconds > 0", file=sys.stderr)
+            return 2
     from testbed.sweep import write_table
     try:
         results = load(args.dir, requests=True, steps=False, include_partial=args.include_partial, warn=False)
@@ -143,8 +152,8 @@ def main(argv=None) -> int:
     if args.job is not None and args.job not in set(summaries["job"]):
         print(f"error: --job {args.job}: no such job; jobs: {', '.join(summaries['job'])}", file=sys.stderr)
         return 2
-    if args.slo_ttft_ms is not None or args.slo_tpot_ms is not None:
-        summaries = with_slo(results, args.slo_ttft_ms, args.slo_tpot_ms)
+    if slo.given():
+        summaries = with_slo(results, slo)
     for s in results.skipped:
         say(f"skipped {s}")
     keys = results.varying() or [k for k in results.keys if k in summaries and k not in ("backend", "model",

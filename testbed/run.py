@@ -5,6 +5,7 @@ steps.parquet and summary.json into Hydra's output directory."""
 from __future__ import annotations
 
 import contextlib
+import datetime
 import gc
 import json
 import logging
@@ -105,6 +106,7 @@ def _run(cfg: Config, out_dir: str, engine_parts, keep_ids, print_table) -> dict
     complete, error = True, None
     stop = None  # the signal's exception, raised again once what was done is written
     log.info("running %d requests on %s", len(requests), cfg.backend.name)
+    started_at = datetime.datetime.now(datetime.timezone.utc)  # the wall clock at t=0 of the timelines
     try:
         with _signal_handlers({signal.SIGTERM: _raise_terminated}):  # SIGTERM stops the run as Ctrl-C does
             driver.run()
@@ -131,15 +133,17 @@ def _run(cfg: Config, out_dir: str, engine_parts, keep_ids, print_table) -> dict
     extra = {
         "complete": complete, "error": error, "backend": cfg.backend.name,
         "trace": {"name": trace.name, "notes": trace.notes, "over_context": trace.over_context,
-                  "num_requests": len(requests), "rows": trace.rows, "rows_left_out": trace.rows_left_out},
+                  "num_requests": len(requests), "rows": trace.rows, "rows_left_out": trace.rows_left_out,
+                  "synthesized_arrivals": trace.synthesized_arrivals},
         "kv": {**info, "integrity": integrity},
+        "started_at": started_at.isoformat(),
         "wall_time_s": wall, "steps_per_wall_s": len(driver.steps) / wall if wall else None,
     }
     unwritten = None
     with _signals_wait_for_the_write():
         try:
             summary = write_run(out_dir, arrived, driver.steps, OmegaConf.to_container(OmegaConf.structured(cfg)),
-                                extra, keep_ids, cfg.slo.ttft_ms, cfg.slo.tpot_ms)
+                                extra, keep_ids, cfg.slo)
         except WriteError as e:  # the metrics are printed all the same
             summary, unwritten = e.summary, e
     if print_table:

@@ -87,7 +87,8 @@ def optimize(dcfg) -> float:
         sys.exit(2)
     value = summary["metrics"].get(objective)
     if value is None:
-        hint = " (goodput needs slo.ttft_ms and/or slo.tpot_ms)" if objective in ("goodput", "slo_attainment") else ""
+        needs_slo = objective in ("goodput", "request_goodput", "slo_attainment")
+        hint = " (goodput needs slo.ttft_ms, slo.tpot_ms or slo.e2e_ms)" if needs_slo else ""
         raise ValueError(f"objective {objective!r} is not among the run's metrics{hint}; "
                          f"known: {', '.join(summary['metrics'])}")
     value = float(value)

@@ -149,6 +149,7 @@ def test_a_users_file_is_used_whole_and_the_table_says_what_was_left_out(tmp_pat
     (["model.config_path=/nope/config.json"], "/nope/config.json"),
     (["slo.ttft_ms=-5"], "slo.ttft_ms=-5.0 is invalid; allowed: null (no SLO) or a number of milliseconds > 0"),
     (["slo.tpot_ms=0"], "slo.tpot_ms=0.0 is invalid"),
+    (["slo.e2e_ms=-1"], "slo.e2e_ms=-1.0 is invalid; allowed: null (no SLO) or a number of milliseconds > 0"),
     (["policy.name=foo"], "policy.name='foo' is unknown; allowed: chunked, decode_first, prefill_first"),
     (["eviction.name=arc"], "eviction.name='arc' is unknown; allowed: fifo, lfu, lru, priority, slru"),
     (["engine.attention=nope"], "engine.attention='nope' is unknown; allowed: flashinfer, torch"),

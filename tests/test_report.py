@@ -59,6 +59,23 @@ def test_report_on_one_run(sweep, tmp_path):
     assert len(pd.read_parquet(run / "sweep.parquet")) == 1
 
 
+def test_an_e2e_slo_recomputes_goodput_and_a_bad_slo_is_one_line(sweep, tmp_path):
+    one = tmp_path / "one"
+    shutil.copytree(next(p for p in sorted(sweep.iterdir()) if (p / "summary.json").exists()), one)
+    req = pd.read_parquet(one / "requests.parquet")
+    limit = float(req["e2e_s"].median() * 1000)  # about half the requests meet it
+    p = report(one, "--slo-e2e-ms", limit, "--no-plots")
+    assert p.returncode == 0, p.stderr
+    t = pd.read_parquet(one / "sweep.parquet")
+    good = int((req["e2e_s"] * 1000 <= limit).sum())
+    assert t["slo_attainment"].iloc[0] == pytest.approx(good / len(req))
+    assert t["request_goodput"].iloc[0] == t["goodput"].iloc[0] < t["request_throughput"].iloc[0]
+    for flag, value in (("--slo-e2e-ms", "0"), ("--slo-ttft-ms", "-5")):
+        p = report(one, flag, value, "--no-plots")
+        assert p.returncode == 2 and p.stderr.strip() == \
+            f"error: {flag} {float(value):g} is invalid; an SLO is a number of milliseconds > 0"
+
+
 @pytest.mark.parametrize("case", ["missing", "empty", "only_broken", "file", "bad_job_option"])
 def test_bad_dir_is_one_line_error(case, sweep, tmp_path):
     args = []

@@ -1,29 +1,83 @@
-"""Aggregate metrics under the names serving benchmarks use (vLLM/SGLang bench_serving)."""
+"""Aggregate metrics under the names serving benchmarks use.
+
+The names are `vllm bench serve`'s (`completed`, `failed`, `request_throughput`,
+`request_goodput`, `output_throughput`, `total_token_throughput`, `mean/median/std/p99_ttft_ms`
+and the same for `tpot`, `itl`, `e2el`), plus p90s, queueing delay and testbed's own counts.
+`..._e2e_latency_ms` and `goodput` are the names summary.json used before it followed vLLM;
+they stay beside `..._e2el_ms` and `request_goodput` (same values) for the readers of runs
+written before (the committed fidelity runs among them)."""
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
+STATES_DONE = ("FINISHED", "REJECTED", "ABORTED")
+PERCENTILES = (90, 99)  # besides the median
 
-def _pcts(prefix: str, values_s: np.ndarray) -> dict:
-    v = np.asarray(values_s, dtype=float) * 1000.0
-    v = v[np.isfinite(v)]
+
+def latency_samples(done: pd.DataFrame) -> dict[str, np.ndarray]:
+    """Finite latencies of finished requests, ms, as vLLM's benchmark collects them: ttft,
+    tpot (requests with more than one output token), itl (every gap between two tokens of
+    a request), e2el (arrival to last token), and queue (arrival to first scheduled)."""
+    def ms(v) -> np.ndarray:
+        v = np.asarray(v, dtype=float) * 1000.0
+        return v[np.isfinite(v)]
+    gaps = [np.diff(np.asarray(t, float)) for t in done["token_times_s"] if t is not None and len(t) > 1]
+    return {"ttft": ms(done["ttft_s"]), "tpot": ms(done["tpot_s"]),
+            "itl": ms(np.concatenate(gaps) if gaps else np.zeros(0)),
+            "e2el": ms(done["e2e_s"]), "queue": ms(done["queue_s"])}
+
+
+def stat_name(stat, metric: str) -> str:
+    """vLLM's key of a statistic: mean/median/std, or a percentile (99 -> p99, 99.9 -> p99.9)."""
+    if not isinstance(stat, str):
+        stat = f"p{int(stat)}" if float(stat).is_integer() else f"p{stat:g}"
+    return f"{stat}_{metric}_ms"
+
+
+def latency_stats(metric: str, v: np.ndarray, percentiles=PERCENTILES) -> dict:
+    """mean, median, std (population, as numpy's and vLLM's) and the percentiles of one latency;
+    None for each when there is no value."""
+    stats = ("mean", "median", "std", *percentiles)
     if not len(v):
-        return {f"{k}_{prefix}_ms": None for k in ("mean", "median", "p90", "p99")}
-    return {f"mean_{prefix}_ms": float(v.mean()), f"median_{prefix}_ms": float(np.median(v)),
-            f"p90_{prefix}_ms": float(np.percentile(v, 90)), f"p99_{prefix}_ms": float(np.percentile(v, 99))}
+        return {stat_name(s, metric): None for s in stats}
+    out = {stat_name("mean", metric): float(v.mean()), stat_name("median", metric): float(np.median(v)),
+           stat_name("std", metric): float(v.std())}
+    out.update({stat_name(p, metric): float(np.percentile(v, p)) for p in percentiles})
+    return out
 
 
-def summarize(requests: pd.DataFrame, steps: pd.DataFrame | None = None,
-              slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None) -> dict:
-    """Metrics over one run's requests.parquet (and steps.parquet for KV/batch figures)."""
+def slo_met(done: pd.DataFrame, ttft_ms=None, tpot_ms=None, e2e_ms=None) -> np.ndarray:
+    """Per finished request: whether it meets every SLO given (vLLM's goodput rule: a latency
+    at most its SLO; a one-token output has no TPOT and meets any TPOT SLO)."""
+    ok = np.ones(len(done), bool)
+    for limit, col in ((ttft_ms, "ttft_s"), (tpot_ms, "tpot_s"), (e2e_ms, "e2e_s")):
+        if limit is not None:
+            ok &= ~(done[col].to_numpy(dtype=float) * 1000 > limit)  # NaN (no TPOT) compares False
+    return ok
+
+
+def offered_rate(requests: pd.DataFrame) -> float:
+    """Arrivals per second over the arrival window: the load a run was offered (req/s)."""
+    a = requests["arrival_s"].to_numpy(dtype=float)
+    if len(a) < 2 or a.max() <= a.min():
+        return float("inf") if len(a) else 0.0
+    return (len(a) - 1) / float(a.max() - a.min())
+
+
+def summarize(requests: pd.DataFrame, steps: pd.DataFrame | None = None, slo_ttft_ms: float | None = None,
+              slo_tpot_ms: float | None = None, slo_e2e_ms: float | None = None) -> dict:
+    """Metrics over one run's requests.parquet (and steps.parquet for KV/batch figures).
+    Throughputs are over the run's duration: first arrival to last finish."""
     done = requests[requests["state"] == "FINISHED"]
+    ended = requests["state"].isin(STATES_DONE)
     out = {
         "num_requests": int(len(requests)),
         "completed": int(len(done)),
+        "failed": int(len(requests) - len(done)),  # arrived and did not finish: rejected, aborted, unfinished
         "rejected": int((requests["state"] == "REJECTED").sum()),
         "aborted": int((requests["state"] == "ABORTED").sum()),
-        "unfinished": int((~requests["state"].isin(["FINISHED", "REJECTED", "ABORTED"])).sum()),
+        "unfinished": int((~ended).sum()),
     }
     end = float(done["finish_s"].max()) if len(done) else 0.0
     start = float(requests["arrival_s"].min()) if len(requests) else 0.0
@@ -38,24 +92,18 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame | None = None,
         "output_throughput": output / duration if len(done) else 0.0,
         "total_token_throughput": (prompt + output) / duration if len(done) else 0.0,
     })
-    out.update(_pcts("ttft", done["ttft_s"].to_numpy(dtype=float)))
-    out.update(_pcts("tpot", done["tpot_s"].dropna().to_numpy(dtype=float)))
-    itl = [np.diff(t) for t in done["token_times_s"] if t is not None and len(t) > 1]
-    out.update(_pcts("itl", np.concatenate(itl) if itl else np.zeros(0)))
-    out.update(_pcts("e2e_latency", done["e2e_s"].to_numpy(dtype=float)))
-    out.update(_pcts("queue", done["queue_s"].to_numpy(dtype=float)))
+    samples = latency_samples(done)
+    for metric in ("ttft", "tpot", "itl", "e2el", "queue"):
+        out.update(latency_stats(metric, samples[metric]))
+    out.update({k.replace("_e2el_", "_e2e_latency_"): v for k, v in out.items() if "_e2el_" in k and "std" not in k})
     hits = int(done["prefix_cached_tokens"].sum())
     out["prefix_cache_hit_rate"] = hits / prompt if prompt else 0.0
     out["preemptions"] = int(requests["preemptions"].sum())
-    if slo_ttft_ms is not None or slo_tpot_ms is not None:
-        ok = np.ones(len(done), bool)
-        if slo_ttft_ms is not None:
-            ok &= done["ttft_s"].to_numpy(dtype=float) * 1000 <= slo_ttft_ms
-        if slo_tpot_ms is not None:
-            tpot = done["tpot_s"].to_numpy(dtype=float)
-            ok &= ~(tpot * 1000 > slo_tpot_ms)  # one-token outputs (NaN TPOT) meet any TPOT SLO
-        out["slo_attainment"] = float(ok.sum() / len(requests)) if len(requests) else 0.0
-        out["goodput"] = float(ok.sum() / duration) if len(done) else 0.0
+    out["request_goodput"] = None  # vLLM writes null when no SLO is given
+    if any(s is not None for s in (slo_ttft_ms, slo_tpot_ms, slo_e2e_ms)):
+        good = int(slo_met(done, slo_ttft_ms, slo_tpot_ms, slo_e2e_ms).sum())
+        out["request_goodput"] = out["goodput"] = float(good / duration) if len(done) else 0.0
+        out["slo_attainment"] = float(good / len(requests)) if len(requests) else 0.0
     if steps is not None and len(steps):
         total = steps["pages_used"] + steps["pages_cached"] + steps["pages_free"]
         out["num_steps"] = int(len(steps))

@@ -72,10 +72,11 @@ class WriteError(RuntimeError):
 
 
 def write_run(out_dir: str | os.PathLike, reqs, steps: StepLog, config: dict, extra: dict,
-              keep_output_ids: bool, slo_ttft_ms=None, slo_tpot_ms=None) -> dict:
+              keep_output_ids: bool, slo=None) -> dict:
     """Write the three files; returns the summary dict. A file that cannot be written is left
     out (no partial file: each is written to a temporary name and renamed) and the others are
-    still written; then WriteError names it and why, with the summary dict as `.summary`."""
+    still written; then WriteError names it and why, with the summary dict as `.summary`.
+    slo: the run's SLOConfig (goodput and SLO attainment), or None."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rt = requests_table(reqs, keep_output_ids)
@@ -95,7 +96,8 @@ def write_run(out_dir: str | os.PathLike, reqs, steps: StepLog, config: dict, ex
                 pass
     attempt("requests.parquet", lambda t: pq.write_table(rt, t, compression="zstd"))
     attempt("steps.parquet", lambda t: pq.write_table(st, t, compression="zstd"))
-    metrics = summarize(rt.to_pandas(), st.to_pandas(), slo_ttft_ms, slo_tpot_ms)
+    slos = (slo.ttft_ms, slo.tpot_ms, slo.e2e_ms) if slo is not None else ()
+    metrics = summarize(rt.to_pandas(), st.to_pandas(), *slos)
     summary = {"metrics": metrics, **extra, "config": config, "versions": versions(), "git_revision": git_revision()}
     if failed:  # the summary says which of its files are missing
         summary["unwritten_files"] = list(failed)

@@ -123,4 +123,5 @@ def assemble(name: str, rows: Rows, k: TraceConfig) -> Trace:
     for req, ok in zip(requests, runs):  # cheap guard on every loader's id maker
         if ok and (len(req.prompt_ids) != req.prompt_len or req.prompt_ids.dtype != np.int32):
             raise AssertionError(f"{name}: rid {req.rid} got {len(req.prompt_ids)} ids, want {req.prompt_len}")
-    return Trace(name=name, requests=requests, over_context=info, notes=notes, rows=total)
+    return Trace(name=name, requests=requests, over_context=info, notes=notes, rows=total,
+                 synthesized_arrivals=rows.arrival_s is None)

@@ -41,6 +41,7 @@ class Trace:
     over_context: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # facts worth logging
     rows: int = 0  # rows the source had (after its own filtering); len(requests) of them were taken
+    synthesized_arrivals: bool = False  # arrivals drawn at trace.rate (else the trace's own times)
 
     def __len__(self) -> int:
         return len(self.requests)
