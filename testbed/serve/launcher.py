@@ -90,7 +90,7 @@ class Launcher:
                         continue
                     if kind == "error":
                         raise StartError(f"{w.name} could not start: {what}")
-                    log.info("%s ready", w.name)
+                    log.info("%s (pid %d) ready", w.name, w.process.pid)
                     del waiting[obj]
                 elif sentinels[obj].conn in waiting:
                     w = sentinels[obj]
