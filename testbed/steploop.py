@@ -50,8 +50,8 @@ class Feed(Protocol):
         """When the loop, with nothing to run, must look again (math.inf: whenever something
         arrives); None: nothing more will come."""
 
-    def delivered(self, plan: BatchPlan, ended: list, now: float) -> None:
-        """A step's tokens are in its requests' ledgers; `ended`: the requests it ended."""
+    def delivered(self, plan: BatchPlan, now: float) -> None:
+        """A step's tokens are in its requests' ledgers (and those it ended are terminal)."""
 
 
 class TraceFeed:
@@ -70,7 +70,7 @@ class TraceFeed:
     def next_arrival(self) -> float | None:
         return self.requests[self._next].arrival if self._next < len(self.requests) else None
 
-    def delivered(self, plan: BatchPlan, ended: list, now: float) -> None:
+    def delivered(self, plan: BatchPlan, now: float) -> None:
         """A replay streams nothing: the ledgers are written at the end."""
 
 
@@ -148,8 +148,8 @@ class StepLoop:
             yield h.ready_at
         result = self.executor.collect(h)
         t = now()
-        ended = self.sched.complete(h.plan, result, t)
-        self.feed.delivered(h.plan, ended, t)  # before the bookkeeping: a server streams the tokens now
+        self.sched.complete(h.plan, result, t)
+        self.feed.delivered(h.plan, t)  # before the bookkeeping: a server streams the tokens now
         if h.complete_cost:
             yield t + h.complete_cost
         if self.progress is not None:

@@ -49,7 +49,7 @@ class MessageFeed:
     def next_arrival(self) -> float | None:
         return None if self.stopping else math.inf  # a message may come at any time
 
-    def delivered(self, plan, ended, now: float) -> None:
+    def delivered(self, plan, now: float) -> None:
         outs = []
         for r in plan.reqs:
             if r.rid not in self.live:  # ended by a message while this step ran: already said

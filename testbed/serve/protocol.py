@@ -113,7 +113,7 @@ def sampling(temperature, top_p, top_k, seed) -> SamplingParams:
     try:  # its own checks (top_k -1 or >= 1) say what is wrong
         return SamplingParams(temperature, top_k, top_p, random.getrandbits(62) if seed is None else seed)
     except ValueError as e:
-        raise ApiError(400, str(e), "top_k" if "top_k" in str(e) else None) from None
+        raise ApiError(400, str(e), next((p for p in ("temperature", "top_p", "top_k") if p in str(e)), None)) from None
 
 
 def _stops(stop) -> tuple[str, ...]:

@@ -31,4 +31,4 @@ def run(cfg, ch: Channels, out_dir: str, ready) -> None:
 
 
 def main(cfg, ch: Channels, out_dir: str, conn) -> None:
-    worker_main("scheduler", conn, run, cfg, ch, out_dir)
+    worker_main("scheduler", conn, run, cfg, ch, out_dir, with_parent=False)
