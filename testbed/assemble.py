@@ -23,7 +23,7 @@ PREBUILT_TP = "engine.tp > 1 builds its ranks per run; prebuilt engine parts are
 @dataclass
 class Run:
     spec: ModelSpec
-    trace: Trace
+    trace: Trace | None  # None: a server's run, fed by messages (testbed.serve)
     requests: list[Request]
     scheduler: Scheduler
     driver: Driver
@@ -47,6 +47,13 @@ def build_run(cfg, engine_parts=None) -> Run:
     else:
         sched, driver, info = _engine_backend(cfg, spec, requests, engine_parts)
     return Run(spec, trace, requests, sched, driver, info)
+
+
+def build_server_run(cfg, spec: ModelSpec, feed, driver_class) -> Run:
+    """The engine fed by a server's messages instead of a trace (testbed.serve): the same
+    scheduler and executor as a replay, a driver of driver_class over the feed."""
+    sched, driver, info = _engine_backend(cfg, spec, (), None, driver_class, feed)
+    return Run(spec, None, feed.requests, sched, driver, info)
 
 
 def model_spec(cfg) -> ModelSpec:
@@ -181,7 +188,7 @@ def engine_parts(cfg):
     return build_warm_parts(engine_settings(cfg, spec), spec)
 
 
-def _engine_backend(cfg, spec: ModelSpec, requests, parts):
+def _engine_backend(cfg, spec: ModelSpec, requests, parts, driver_class=None, feed=None):
     from testbed.engine.build import build_parts, build_warm_parts, warm_up_engine
     from testbed.engine.driver import RealtimeDriver
     from testbed.engine.executor import EngineExecutor
@@ -207,7 +214,7 @@ def _engine_backend(cfg, spec: ModelSpec, requests, parts):
             executor = TPExecutor(executor_over(parts, sched), ranks, s.debug_plan_hash)
             parts.warmup_s = warm_up_engine(s, spec, executor, parts)  # every rank runs the same warm-up steps
         ranks.supervisor.started()
-    driver = RealtimeDriver(sched, executor, requests, overlap=s.overlap)
+    driver = (driver_class or RealtimeDriver)(sched, executor, requests, overlap=s.overlap, feed=feed)
     info = {"num_pages": sched.cfg.num_pages, "page_size": s.page_size, "device": str(parts.device), "tp": s.tp,
             "attention": s.attention, "kernels": resolve_kernels(s.kernels, parts.device), "weights": str(parts.report),
             "cuda_graphs": executor.graphs is not None, "piecewise_graphs": executor.pieces is not None,

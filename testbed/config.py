@@ -115,6 +115,22 @@ def is_slo_ms(v) -> bool:
 
 
 @dataclass
+class ServeConfig:
+    """python -m testbed.serve: the HTTP server in front of the engine (testbed/serve)."""
+    host: str = "127.0.0.1"  # address the HTTP server listens on (0.0.0.0: every interface)
+    port: int = 30000  # HTTP port
+    tokenizer_workers: int = 1  # tokenizer processes (requests go round robin)
+    model_name: Optional[str] = None  # the name /v1/models lists and requests must give; null: model.name
+    tokenizer: Optional[str] = None  # a directory with the tokenizer (and chat template); null: model.path
+
+    def validate(self) -> None:
+        if not (1 <= self.port <= 65535):
+            _bad("serve.port", self.port, "an integer in 1..65535")
+        if self.tokenizer_workers < 1:
+            _bad("serve.tokenizer_workers", self.tokenizer_workers, "an integer >= 1")
+
+
+@dataclass
 class Config:
     backend: BackendConfig = field(default_factory=BackendConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
@@ -126,6 +142,7 @@ class Config:
     costmodel: Any = None  # conf/costmodel/*.yaml, checked by make_cost_model
     engine: EngineConfig = field(default_factory=EngineConfig)
     slo: SLOConfig = field(default_factory=SLOConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
     seed: int = 0  # every random draw of the run (arrivals, token ids, sampling) derives from it
     progress: bool = True  # a progress bar on stderr (off in a multirun's jobs unless given)
     check_every_step: bool = False  # KV integrity check after every step (slow; debugging)
@@ -195,6 +212,7 @@ def check(cfg: Config) -> None:
             _bad("backend", cfg.backend.name, ", ".join(BACKENDS))
         cfg.engine.validate()
         cfg.slo.validate()
+        cfg.serve.validate()
         POLICIES.check(cfg.policy.name)
         cfg.policy.validate()
         EVICTIONS.check(cfg.eviction.name)

@@ -87,13 +87,18 @@ def run(cfg: Config, out_dir: str, engine_parts=None, keep_ids: bool | None = No
 
 def _run(cfg: Config, out_dir: str, engine_parts, keep_ids, print_table) -> dict:
     from testbed import assemble
+    return drive(cfg, out_dir, assemble.build_run(cfg, engine_parts), keep_ids, print_table)
+
+
+def drive(cfg: Config, out_dir: str, built, keep_ids=None, print_table: bool = True) -> dict:
+    """Run a built run (testbed.assemble.Run) to its end and write what was done: a trace's
+    replay, or a server's engine (its Run has no trace, and its requests grow as they arrive)."""
     from testbed.progress import Progress
     from testbed.timeline import write_run
     from testbed.timeline.writer import WriteError
 
-    built = assemble.build_run(cfg, engine_parts)
     trace, requests, sched, driver, info = built.trace, built.requests, built.scheduler, built.driver, built.info
-    for note in trace.notes:
+    for note in trace.notes if trace is not None else ():
         log.info("trace: %s", note)
     keep_ids = False if cfg.backend.name == "sim" else (True if keep_ids is None else keep_ids)
     # Everything built so far (requests, their token ids, the model) lives for the whole run:
@@ -105,7 +110,8 @@ def _run(cfg: Config, out_dir: str, engine_parts, keep_ids, print_table) -> dict
     t0 = time.perf_counter()
     complete, error = True, None
     stop = None  # the signal's exception, raised again once what was done is written
-    log.info("running %d requests on %s", len(requests), cfg.backend.name)
+    if trace is not None:
+        log.info("running %d requests on %s", len(requests), cfg.backend.name)
     started_at = datetime.datetime.now(datetime.timezone.utc)  # the wall clock at t=0 of the timelines
     try:
         with _signal_handlers({signal.SIGTERM: _raise_terminated}):  # SIGTERM stops the run as Ctrl-C does
@@ -132,9 +138,10 @@ def _run(cfg: Config, out_dir: str, engine_parts, keep_ids, print_table) -> dict
     arrived = [r for r in requests if r.state.name != "WAITING" or id(r) in queued]  # not-yet-arrived ones are left out
     extra = {
         "complete": complete, "error": error, "backend": cfg.backend.name,
-        "trace": {"name": trace.name, "notes": trace.notes, "over_context": trace.over_context,
-                  "num_requests": len(requests), "rows": trace.rows, "rows_left_out": trace.rows_left_out,
-                  "synthesized_arrivals": trace.synthesized_arrivals},
+        "trace": ({"name": trace.name, "notes": trace.notes, "over_context": trace.over_context,
+                   "num_requests": len(requests), "rows": trace.rows, "rows_left_out": trace.rows_left_out,
+                   "synthesized_arrivals": trace.synthesized_arrivals}
+                  if trace is not None else {"name": "served", "num_requests": len(requests)}),
         "kv": {**info, "integrity": integrity},
         "started_at": started_at.isoformat(),
         "wall_time_s": wall, "steps_per_wall_s": len(driver.steps) / wall if wall else None,

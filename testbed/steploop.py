@@ -9,6 +9,11 @@ wall-clock driver sleeps, the SimPy driver advances simulated time. Executors re
 handle from `launch(plan)` and a StepResult from `collect(handle)`; a handle's `host_done`,
 `ready_at` and `complete_cost` are the simulator's modelled times (None on the engine,
 where the host's own work takes real time and `collect` blocks on the device).
+
+Requests come from a feed: a trace's requests at their arrival times (TraceFeed), or, on a
+server, the messages that arrive (testbed.serve.feed). The feed also hears what each
+step delivered, so a server can stream it; the loop ends once the feed says nothing more
+will come and the scheduler has no work left.
 """
 from __future__ import annotations
 
@@ -34,6 +39,41 @@ class Executor(Protocol):
         """After the run: the predicted step times it kept out of the timed loop."""
 
 
+class Feed(Protocol):
+    """Where the loop's requests come from and where what the steps delivered goes."""
+    requests: list  # every request it has handed over (the run's rows)
+
+    def admit(self, sched, now: float) -> None:
+        """Hand the scheduler what has arrived by `now` (requests; on a server, aborts too)."""
+
+    def next_arrival(self) -> float | None:
+        """When the loop, with nothing to run, must look again (math.inf: whenever something
+        arrives); None: nothing more will come."""
+
+    def delivered(self, plan: BatchPlan, now: float) -> None:
+        """A step's tokens are in its requests' ledgers (and those it ended are terminal)."""
+
+
+class TraceFeed:
+    """A trace's requests, each admitted once the clock reaches its arrival time."""
+
+    def __init__(self, requests):
+        self.requests = sorted(requests, key=lambda r: (r.arrival, r.rid))
+        self._next = 0
+
+    def admit(self, sched, now: float) -> None:
+        reqs, n = self.requests, len(self.requests)
+        while self._next < n and reqs[self._next].arrival <= now:
+            sched.add_request(reqs[self._next], now)
+            self._next += 1
+
+    def next_arrival(self) -> float | None:
+        return self.requests[self._next].arrival if self._next < len(self.requests) else None
+
+    def delivered(self, plan: BatchPlan, now: float) -> None:
+        """A replay streams nothing: the ledgers are written at the end."""
+
+
 class Driver(Protocol):
     """What a run drives: the step loop on some clock. `close` always follows `run`, however it ended."""
     executor: Executor
@@ -46,28 +86,30 @@ class Driver(Protocol):
 
 
 class StepLoop:
-    def __init__(self, scheduler, executor, requests, overlap: bool = True, progress=None):
+    def __init__(self, scheduler, executor, requests=(), overlap: bool = True, progress=None, feed=None):
+        """requests: a trace's, replayed at their arrival times; or feed: where requests come from."""
         self.sched = scheduler
         self.executor = executor
-        self.requests = sorted(requests, key=lambda r: (r.arrival, r.rid))
+        self.feed = feed if feed is not None else TraceFeed(requests)
         self.overlap = overlap
         self.progress = progress  # callable(done, total, now, output_tokens) or None
         self.steps = StepLog()
         self.ran_to_end = False  # the loop returned normally (no step cut short)
+
+    @property
+    def requests(self) -> list:
+        return self.feed.requests
 
     def close(self) -> None:
         self.executor.close(self.ran_to_end)
 
     def loop(self, now: Callable[[], float]) -> Iterator[float]:
         """The loop; yields times to wait until (the driver waits, then resumes it)."""
-        sched, reqs, ex = self.sched, self.requests, self.executor
-        n, nxt = len(reqs), 0
+        sched, feed, ex = self.sched, self.feed, self.executor
         inflight = None
         while True:
             t = now()
-            while nxt < n and reqs[nxt].arrival <= t:
-                sched.add_request(reqs[nxt], t)
-                nxt += 1
+            feed.admit(sched, t)
             plan = sched.schedule(t)
             handle = None
             if plan is not None:
@@ -88,14 +130,15 @@ class StepLoop:
                 continue
             if finished_one:  # its results may make something runnable
                 continue
-            if nxt == n:
+            t_next = feed.next_arrival()
+            if t_next is None:
                 if not sched.has_work():
                     self.ran_to_end = True
                     return
                 raise RuntimeError(f"scheduler stalled at t={t:.3f}s with {len(sched.waiting)} waiting and "
                                    f"{len(sched.running)} running requests and nothing runnable")
             # nothing in flight and nothing runnable: nothing changes before the next arrival
-            yield reqs[nxt].arrival
+            yield t_next
 
     def _finish(self, launched, now: Callable[[], float]) -> Iterator[float]:
         """Collect a launched step, apply its result and record it. launched: the executor's
@@ -106,6 +149,7 @@ class StepLoop:
         result = self.executor.collect(h)
         t = now()
         self.sched.complete(h.plan, result, t)
+        self.feed.delivered(h.plan, t)  # before the bookkeeping: a server streams the tokens now
         if h.complete_cost:
             yield t + h.complete_cost
         if self.progress is not None:

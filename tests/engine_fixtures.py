@@ -76,3 +76,40 @@ def run_engine(model_dir: Path, trace: Path, out: Path, *overrides, timeout=600)
             "engine.dtype=float32", f"model.path={model_dir}", "trace=file", f"trace.path={trace}",
             "progress=false", f"hydra.run.dir={out}", *overrides]
     return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+BYTE_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # ids 0, 1, 2 (eos: <|im_end|>)
+
+
+def save_byte_tokenizer(out: Path) -> int:
+    """A byte-level tokenizer (one token per UTF-8 byte, as GPT-2's bytes are spelled, no
+    merges: a multi-byte character is several tokens) with ChatML specials and chat template,
+    saved as HF files; returns its vocabulary size (259)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    byte_chars = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {s: i for i, s in enumerate(BYTE_SPECIALS)}
+    vocab.update({c: len(BYTE_SPECIALS) + i for i, c in enumerate(byte_chars)})
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(list(BYTE_SPECIALS))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    fast.chat_template = CHATML
+    fast.save_pretrained(out)
+    return len(vocab)
+
+
+def save_tiny_chat_model(out: Path) -> Path:
+    """A tiny random Llama whose vocabulary is the byte tokenizer's, both in one directory."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    out.mkdir(parents=True, exist_ok=True)
+    vocab = save_byte_tokenizer(out)
+    cfg = {**tiny_config("llama"), "vocab_size": vocab}
+    config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).float().eval().save_pretrained(out)
+    return out

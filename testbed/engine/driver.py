@@ -25,8 +25,8 @@ def wait_until(clock, t: float) -> None:
 
 
 class RealtimeDriver(StepLoop):
-    def __init__(self, scheduler, executor, requests, overlap: bool = True, progress=None):
-        super().__init__(scheduler, executor, requests, overlap, progress)
+    def __init__(self, scheduler, executor, requests=(), overlap: bool = True, progress=None, feed=None):
+        super().__init__(scheduler, executor, requests, overlap, progress, feed)
         self._t0 = 0.0
 
     def now(self) -> float:
@@ -35,4 +35,8 @@ class RealtimeDriver(StepLoop):
     def run(self) -> None:
         self._t0 = time.perf_counter()
         for t in self.loop(self.now):
-            wait_until(self.now, t)
+            self.wait(t)
+
+    def wait(self, t: float) -> None:
+        """Until the loop's time t (a server's driver also wakes when a message arrives)."""
+        wait_until(self.now, t)

@@ -69,15 +69,19 @@ class Scheduler:
             return f"needs {need} KV pages, the pool has {self.cfg.num_pages}"
         return None
 
-    def abort(self, r: Request, now: float) -> None:
-        """Abort at any time; KV is freed once no step in flight uses it."""
+    def abort(self, r: Request, now: float, reason: str = "abort") -> None:
+        """End a request at any time from outside the step: "abort" (its client is gone), or
+        "stop" (finished: a stop string found in its text). KV is freed once no step in flight
+        uses it."""
+        if reason not in ("abort", "stop"):
+            raise ValueError(f"abort reason {reason!r} is invalid; allowed: abort, stop")
         if r.is_done:
             return
         if r.state in (RequestState.WAITING, RequestState.PREEMPTED):
             self.prefill.dequeue(r)
         elif r.state == RequestState.RUNNING:
             self.running.remove(r)
-        self.decode.end(r, RequestState.ABORTED, "abort", now)
+        self.decode.end(r, RequestState.ABORTED if reason == "abort" else RequestState.FINISHED, reason, now)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)

@@ -1,0 +1,145 @@
+"""The HTTP APIs' request bodies (OpenAI /v1/completions and /v1/chat/completions,
+SGLang-style /generate), checked and turned into a GenerateReq; what is wrong with one is an
+ApiError: the HTTP status and an OpenAI-style error body."""
+from __future__ import annotations
+
+import json
+import random
+from typing import Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from testbed.core import SamplingParams
+from testbed.serve.messages import GenerateReq
+
+COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+GENERATE_MAX_TOKENS = 128  # SGLang's default max_new_tokens for /generate
+# /v1/chat/completions without max_tokens: the rest of the context
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def body(self) -> dict:
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # fields other servers take (user, logit_bias...) are ignored
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class _Sampling(_Body):
+    model: str | None = None  # None: the one model served
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = -1
+    seed: int | None = None
+    stop: Union[str, list[str], None] = None
+    ignore_eos: bool = False
+    n: Literal[1] = 1  # one choice per request
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+
+
+class CompletionBody(_Sampling):
+    prompt: Union[str, list[int]]  # text, or its token ids
+
+
+class ContentPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Body):
+    role: str
+    content: Union[str, list[ContentPart], None] = None
+
+    def as_template_input(self) -> dict:
+        c = self.content
+        return {"role": self.role, "content": c if isinstance(c, str) or c is None else "".join(p.text for p in c)}
+
+
+class ChatBody(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)  # the newer name of max_tokens
+
+
+class GenerateSampling(_Body):
+    max_new_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = -1
+    seed: int | None = None
+    stop: Union[str, list[str], None] = None
+    ignore_eos: bool = False
+
+
+class GenerateBody(_Body):
+    text: str | None = None
+    input_ids: list[int] | None = None
+    sampling_params: GenerateSampling = Field(default_factory=GenerateSampling)
+    stream: bool = False
+
+
+def parse_json(raw: bytes) -> dict:
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ApiError(400, f"the request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+def validate(model_cls, body: dict):
+    try:
+        return model_cls.model_validate(body)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(x) for x in err["loc"])
+        raise ApiError(400, f"{where}: {err['msg']}" if where else err["msg"],
+                       str(err["loc"][0]) if err["loc"] else None) from None
+
+
+def sampling(temperature, top_p, top_k, seed) -> SamplingParams:
+    try:  # its own checks (top_k -1 or >= 1) say what is wrong
+        return SamplingParams(temperature, top_k, top_p, random.getrandbits(62) if seed is None else seed)
+    except ValueError as e:
+        raise ApiError(400, str(e), next((p for p in ("temperature", "top_p", "top_k") if p in str(e)), None)) from None
+
+
+def _stops(stop) -> tuple[str, ...]:
+    return (stop,) if isinstance(stop, str) else tuple(stop or ())
+
+
+def completion_req(rid: int, b: CompletionBody) -> GenerateReq:
+    text, ids = (b.prompt, None) if isinstance(b.prompt, str) else (None, b.prompt)
+    return GenerateReq(rid, text=text, input_ids=ids, max_tokens=b.max_tokens,
+                       default_max_tokens=COMPLETION_MAX_TOKENS,
+                       sampling=sampling(b.temperature, b.top_p, b.top_k, b.seed), stop=_stops(b.stop),
+                       ignore_eos=b.ignore_eos)
+
+
+def chat_req(rid: int, b: ChatBody) -> GenerateReq:
+    return GenerateReq(rid, messages=[m.as_template_input() for m in b.messages],
+                       max_tokens=b.max_completion_tokens or b.max_tokens,
+                       sampling=sampling(b.temperature, b.top_p, b.top_k, b.seed), stop=_stops(b.stop),
+                       ignore_eos=b.ignore_eos)
+
+
+def generate_req(rid: int, b: GenerateBody) -> GenerateReq:
+    if (b.text is None) == (b.input_ids is None):
+        raise ApiError(400, "give exactly one of text and input_ids", "text")
+    s = b.sampling_params
+    return GenerateReq(rid, text=b.text, input_ids=b.input_ids, max_tokens=s.max_new_tokens,
+                       default_max_tokens=GENERATE_MAX_TOKENS,
+                       sampling=sampling(s.temperature, s.top_p, s.top_k, s.seed), stop=_stops(s.stop),
+                       ignore_eos=s.ignore_eos)
