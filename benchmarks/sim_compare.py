@@ -1,6 +1,6 @@
-"""The simulator's output files from two source trees, run by run: each policy on each bundled
-trace, and the other axes of benchmarks/sim_fingerprint.py, each run from the command line in
-both trees. requests.parquet and steps.parquet must hold row-equal DataFrames and summary.json
+"""The simulator's output files from two source trees, run by run: benchmarks/sim_fingerprint.py's
+runs (each policy on each bundled trace, the other axes, the eviction orders) and each policy's
+knobs, each run from the command line in both trees. requests.parquet and steps.parquet must hold row-equal DataFrames and summary.json
 the same metrics; whether the files are also byte-identical is reported beside. For a change
 that renames settings, --rename OLD=NEW translates the base tree's overrides to this tree's.
 
@@ -24,7 +24,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sim_fingerprint import EXTRA, POLICIES, TRACES  # noqa: E402  the same runs, one list
+from sim_fingerprint import runs as fingerprint_runs  # noqa: E402  the same runs, one list
 
 # knobs each policy reads, in the base tree's names: a rename must keep their effect
 KNOBS = [["policy=chunked", "policy.max_running=4"], ["policy=prefill_first", "policy.max_running=3"],
@@ -82,9 +82,7 @@ def main(argv=None) -> int:
     if not (base / "testbed" / "run.py").is_file():
         ap.error(f"--base {base}: not a testbed source tree")
     common = ["progress=false", f"trace.num_requests={a.requests}"]
-    runs = [[f"trace={t}", f"policy={p}"] for t in TRACES for p in POLICIES]
-    runs += [["trace=sharegpt", "policy=chunked"] + x for x in EXTRA]
-    runs += [["trace=sharegpt"] + k for k in KNOBS]
+    runs = fingerprint_runs() + [["trace=sharegpt"] + k for k in KNOBS]
     bad = 0
     with tempfile.TemporaryDirectory() as tmp:
         top = a.keep or Path(tmp)
