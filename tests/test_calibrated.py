@@ -192,6 +192,18 @@ def test_refit_reproduces_the_committed_profile(tmp_path):
 PROFILE_PATH = REPO / "testbed/sim/costmodel/profiles" / f"{PROFILE}.json"
 
 
+def test_a_fresh_profile_on_cuda_fits_the_fa2_plan_with_the_default_attention():
+    """engine.attention's default (null) is flashinfer on CUDA: its prefill plan is a feature of the fit."""
+    from testbed.config import EngineConfig
+    from testbed.modelspec import load_model_spec
+    from testbed.sim.costmodel.fit import fa2_shape
+    spec = load_model_spec("hf/llama3_8b.json", name="llama3_8b")
+    assert fa2_shape(spec, EngineConfig(), 132) == fa2_shape(spec, EngineConfig(attention="flashinfer"), 132)
+    assert fa2_shape(spec, EngineConfig(), 132) is not None
+    assert fa2_shape(spec, EngineConfig(device="cpu"), 132) is None
+    assert fa2_shape(spec, EngineConfig(prefill_backend="fa3"), 132) is None
+
+
 def test_a_profile_records_the_limits_and_policy_it_was_measured_with():
     """Its engine section the deployment's limits, the policy beside; a profile fitted while the
     limits were policy knobs is read as the deployment it was."""

@@ -411,8 +411,9 @@ def fit_wake(rows: list[dict], fits: dict, max_graph: int) -> dict:
 # ---------------------------------------------------------------------- the profile
 def fa2_shape(spec, engine, num_sms: int) -> Fa2Shape | None:
     """The fa2 plan's inputs for a deployment, or None where its prefill steps run another
-    kernel (engine.attention other than flashinfer, or the fa3 template) or the SMs are unknown."""
-    if engine.attention != "flashinfer" or engine.prefill_backend != "fa2" or not num_sms:
+    kernel (engine.attention other than flashinfer, or the fa3 template) or the SMs are unknown.
+    engine.attention's null is flashinfer on CUDA: read resolved, as the engine does."""
+    if engine.resolved_attention() != "flashinfer" or engine.prefill_backend != "fa2" or not num_sms:
         return None
     return Fa2Shape(spec.num_q_heads // spec.num_kv_heads, spec.kv_heads_per_rank(engine.tp), int(num_sms),
                     engine.page_size)
