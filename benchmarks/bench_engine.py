@@ -71,7 +71,8 @@ def decode_steps(model: str, batches, context: int, reps: int, extra, profile: b
     from testbed.core import Request
     # prefill_first: every prompt is prefilled before any decode, so the timed steps are pure decodes
     cfg = compose(["backend=engine", f"model={model}", "model.weights=dummy", "engine.overlap=false", "policy=prefill_first",
-                   f"policy.max_running={max(batches)}", "policy.max_prefill_tokens=16384", *extra])
+                   f"scheduler.max_running={max(batches)}", "scheduler.max_step_tokens=16384",
+                   "policy.max_prefill_tokens=16384", *extra])
     built = assemble.build_run(cfg)  # its trace's requests are never run: the steps below are built here
     spec, sched, ex = built.spec, built.scheduler, built.executor
     rows = []

@@ -5,9 +5,9 @@
     holding ~100k tokens of shared-prefix sequences so that the admission's prefix match
     does real work (waiting prompts are token ids drawn from those prefixes; the running
     ones are lengths only, so their private KV does not grow the tree). Two variants:
-      - `admit`: max_running=512, so each step decodes the 256 and admits (a 256-token chunk
+      - `admit`: scheduler.max_running=512, so each step decodes the 256 and admits (a 256-token chunk
         of) a waiting request whose prompt matches in the tree: the full step;
-      - `default`: the default knobs (max_running=256): the 256 decodes only, no admission.
+      - `default`: the default limits (scheduler.max_running=256): the 256 decodes only, no admission.
     Measured two ways: `fresh` (every repetition on a deep copy of the same starting state)
     and `steady` (consecutive steps; running grows by about one request per 10 steps).
 (b) match: a radix match (and a peek, what policies call) of a 4,096-token prompt that
@@ -40,10 +40,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from policies import PolicyConfig, eviction_key, make_policy  # noqa: E402
+from policies import eviction_key, make_policy, policy_config  # noqa: E402
 from testbed.core import Request, StepResult  # noqa: E402
 from testbed.kv import RadixCache  # noqa: E402
-from testbed.scheduler import Scheduler, SchedulerConfig  # noqa: E402
+from testbed.scheduler import Scheduler, SchedulerConfig, SchedulerLimits  # noqa: E402
 from testbed.scheduler import scheduler as scheduler_module  # noqa: E402
 
 VOCAB = 32_000
@@ -108,10 +108,11 @@ def build_state(max_running: int, seed: int = 0, n_running=256, n_waiting=1000) 
     rng = np.random.default_rng(seed)
     corpus = Corpus(rng)
     prompts = rng.integers(1024, 4097, n_running + n_waiting)
-    pol = make_policy(PolicyConfig(name="chunked", max_running=max_running))
+    pol = make_policy(policy_config("chunked"))
     # enough KV for everyone's whole life, plus the cache: nothing is evicted or preempted
     num_pages = int((prompts[:n_running] + 2048).sum()) + 400_000
-    s = Scheduler(SchedulerConfig(num_pages=num_pages, page_size=1, max_context=8192), pol, eviction_key("lru"))
+    s = Scheduler(SchedulerConfig(num_pages=num_pages, page_size=1, max_context=8192,
+                                  limits=SchedulerLimits(max_running=max_running)), pol, eviction_key("lru"))
     fill_cache(s.cache, s.allocator, corpus.cached_sequences())
     # the running requests: lengths only (as a trace gives them), so their KV stays private and
     # the tree keeps its ~100k tokens; prefill them in one big warm-up step
@@ -119,13 +120,13 @@ def build_state(max_running: int, seed: int = 0, n_running=256, n_waiting=1000) 
                for i in range(n_running)]
     for r in running:
         s.add_request(r, 0.0)
-    budget = pol.cfg.token_budget
-    pol.cfg.token_budget = 10**8  # warm-up only: admit and prefill all of them at once
+    budget, limit = pol.cfg.token_budget, s.cfg.limits.max_step_tokens
+    pol.cfg.token_budget = s.cfg.limits.max_step_tokens = 10**8  # warm-up only: admit and prefill all at once
     t = 0.0
     while any(r.cached_len < r.prompt_len for r in running) or not all(r.output_ids for r in running):
         _step(s, t)
         t += 0.01
-    pol.cfg.token_budget = budget
+    pol.cfg.token_budget, s.cfg.limits.max_step_tokens = budget, limit
     for _ in range(3):  # a few plain decode steps
         _step(s, t)
         t += 0.01

@@ -72,7 +72,7 @@ def main(argv):
     pieces = make_pieces(s, parts.model, dev, slots // s.page_size)
     capture_s = time.perf_counter() - t0
     graph_mem = free0 - torch.cuda.mem_get_info(dev)[0]
-    rows = cfg.policy.max_running * 2
+    rows = cfg.scheduler.max_running * 2
     plain = EngineExecutor(parts.model, dev, rows, None, None, parts.graphs)
     piecewise = EngineExecutor(parts.model, dev, rows, None, None, parts.graphs, pieces)
     res = {"model": cfg.model.name, "capture_s": capture_s, "graph_memory_gib": graph_mem / 2**30,

@@ -37,7 +37,7 @@ def main(argv):
     mixed = [i for i, (n, c) in enumerate(shapes) if (n > 1).any() and (n == 1).any()]
     rng = np.random.default_rng(0)
     pick = sorted(set(rng.choice(mixed, size=min(60, len(mixed)), replace=False).tolist()))
-    probe = EngineExecutor(parts.model, parts.device, cfg.policy.max_running, None, None, parts.graphs, parts.pieces)
+    probe = EngineExecutor(parts.model, parts.device, cfg.scheduler.max_running, None, None, parts.graphs, parts.pieces)
     cps = _sleep_cycles_per_s(parts.device)
     rows = []
     for i in pick:

@@ -43,17 +43,22 @@ def one(overrides: list[str]) -> str:
         return f"requests {digest(out / 'requests.parquet')} steps {digest(out / 'steps.parquet')} metrics {metrics}"
 
 
+def runs() -> list[list[str]]:
+    """Every run's overrides (beside trace.num_requests and progress)."""
+    out = [[f"trace={t}", f"policy={p}"] for t in TRACES for p in POLICIES]
+    out += [["trace=sharegpt", "policy=chunked"] + x for x in EXTRA]
+    # eviction orders where the KV pool is small enough for them to act
+    out += [["trace=mooncake_conversation", "policy=chunked", "engine.num_pages=20000", f"eviction={e}"]
+            for e in ("lru", "fifo", "lfu", "slru", "priority")]
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=300)
     a = ap.parse_args(argv)
     base = ["progress=false", f"trace.num_requests={a.requests}"]
-    runs = [[f"trace={t}", f"policy={p}"] for t in TRACES for p in POLICIES]
-    runs += [["trace=sharegpt", "policy=chunked"] + x for x in EXTRA]
-    # eviction orders where the KV pool is small enough for them to act
-    runs += [["trace=mooncake_conversation", "policy=chunked", "engine.num_pages=20000", f"eviction={e}"]
-             for e in ("lru", "fifo", "lfu", "slru", "priority")]
-    for r in runs:
+    for r in runs():
         print(" ".join(r), "|", one(base + r), flush=True)
     return 0
 

@@ -1,11 +1,17 @@
 """What a scheduling policy is: an object that turns the scheduler's read-only view into a
 BatchPlan. Policies see only the view (testbed.core.SchedulerView) and testbed.core; the
 scheduler validates and applies what they return (allocation, eviction, preemption when KV
-runs out)."""
+runs out).
+
+PolicyConfig holds the knobs every policy has (queue order, KV reservation, chunk cap); a
+policy's own knobs (its token budget) are a subclass beside it, its `Config`. The
+deployment's limits (requests running at once, tokens a step may hold) are not policy knobs:
+they size the engine, live in the scheduler's config (scheduler.*) and reach the policy
+through the view (view.max_running, view.max_step_tokens)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, fields
+from typing import ClassVar, Sequence
 
 from testbed.core import BatchPlan, Request, SchedulerView
 
@@ -18,15 +24,18 @@ class PolicyConfig:
     name: str = "chunked"  # the scheduling policy: a module of policies/scheduling/
     order: str = "fcfs"  # queue order of waiting requests
     reserve: str = "full"  # KV reserved for running requests' remaining output at admission
-    max_running: int = 256  # requests running at once (sizes the page table, CUDA graphs, buffers)
-    max_prefill_tokens: int = 8192  # prefill tokens per step (prefill_first); step budget (decode_first)
-    token_budget: int = 512  # tokens per step, decodes included (chunked)
     chunk_size: int = 0  # most prefill tokens of one request in one step; 0 = no cap beyond the budget
     # reserve=estimate: reserve ratio * remaining output tokens; the ratio decays per step
     # from init to min and goes back to init after a preemption (after SGLang's new_token_ratio)
     estimate_init: float = 0.7  # reserve=estimate: the ratio at start and after a preemption
     estimate_min: float = 0.1  # reserve=estimate: the ratio's floor
     estimate_decay: float = 0.001  # reserve=estimate: the ratio's decrease per step
+    # the subclass field that bounds the tokens of the policy's steps, if it has one: it must
+    # fit the deployment's scheduler.max_step_tokens (checked at start)
+    step_budget_key: ClassVar[str | None] = None
+
+    def step_budget(self) -> int | None:
+        return None if self.step_budget_key is None else getattr(self, self.step_budget_key)
 
     def validate(self) -> None:
         def bad(key, value, allowed):
@@ -35,9 +44,8 @@ class PolicyConfig:
             bad("order", self.order, ", ".join(ORDERS))
         if self.reserve not in RESERVES:
             bad("reserve", self.reserve, ", ".join(RESERVES))
-        for key in ("max_running", "max_prefill_tokens", "token_budget"):
-            if getattr(self, key) < 1:
-                bad(key, getattr(self, key), "an integer >= 1")
+        if self.step_budget_key is not None and self.step_budget() < 1:
+            bad(self.step_budget_key, self.step_budget(), "an integer >= 1")
         if self.chunk_size < 0:
             bad("chunk_size", self.chunk_size, "0 (off) or an integer >= 1")
         if not (0.0 <= self.estimate_min <= self.estimate_init <= 1.0):
@@ -50,13 +58,24 @@ def pages_for(tokens: int, page_size: int) -> int:
     return -(-tokens // page_size)
 
 
+def own_knobs(config_cls: type[PolicyConfig]) -> list[str]:
+    """The fields a policy's config adds to the ones every policy has."""
+    common = {f.name for f in fields(PolicyConfig)}
+    return [f.name for f in fields(config_cls) if f.name not in common]
+
+
 class Policy:
-    """Subclass, set `name`, implement `plan`. One subclass per module in policies/scheduling."""
+    """Subclass, set `name`, implement `plan`; knobs of its own: a PolicyConfig subclass as
+    `Config`. One subclass per module in policies/scheduling."""
     name = "base"
+    Config: ClassVar[type[PolicyConfig]] = PolicyConfig
 
     def __init__(self, cfg: PolicyConfig):
         from policies.order import make_order
         from policies.reserve import make_reserve
+        if not isinstance(cfg, self.Config):
+            raise TypeError(f"policy {self.name} takes a {self.Config.__name__}, got a {type(cfg).__name__} "
+                            f"(policies.policy_config({self.name!r}, ...) makes one)")
         cfg.validate()
         self.cfg = cfg
         self.order = make_order(cfg.order)
@@ -84,9 +103,9 @@ class Policy:
         running cap and the KV left; returns the budget left. Stops at the first request
         that does not fit the KV (no overtaking: the order is the policy's promise).
         chunk_last_only: only the last admitted request may be cut (prefill_first)."""
-        running = len(view.running)
+        running, cap = len(view.running), view.max_running
         for r in self.order(view):
-            if budget <= 0 or running >= self.cfg.max_running:
+            if budget <= 0 or running >= cap:
                 break
             hit, pinned = view.prefix_match_cost(r)
             extend = r.device_len - hit

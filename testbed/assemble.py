@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from policies import eviction_key, make_policy
+from policies import config_like, eviction_key, make_policy
 from testbed.config import resolved_overlap
 from testbed.core import Request, SamplingParams
 from testbed.modelspec import ModelSpec, check_tp_split, model_spec_from_cfg, tp_split_problems
@@ -93,16 +93,21 @@ def requests_from(trace: Trace, spec: ModelSpec, engine_cfg) -> list[Request]:
 def make_scheduler(cfg, spec: ModelSpec, num_pages: int) -> Scheduler:
     policy = make_policy(cfg.policy)
     scfg = SchedulerConfig(num_pages=num_pages, page_size=cfg.engine.page_size, max_context=spec.max_context,
-                           cache=cfg.cache.name, eviction=cfg.eviction.name, check_every_step=cfg.check_every_step)
+                           cache=cfg.cache.name, eviction=cfg.eviction.name, check_every_step=cfg.check_every_step,
+                           limits=cfg.scheduler)
     return Scheduler(scfg, policy, eviction_key(cfg.eviction.name))
 
 
 def scheduler_per_policy(cfg, spec: ModelSpec):
     """(policy name, num_pages) -> a scheduler of this config with that policy (the profiler
-    times each policy's host cost on one engine)."""
+    times each policy's host cost on one engine): the config's policy as it is; another with
+    the knobs every policy has from it, its own at their defaults, its step budget cut to
+    what a step of this deployment holds (scheduler.max_step_tokens)."""
     def make(name: str, num_pages: int) -> Scheduler:
-        return make_scheduler(dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy, name=name)), spec,
-                              num_pages)
+        policy = config_like(cfg.policy, name)
+        if policy is not cfg.policy and policy.step_budget_key is not None:
+            setattr(policy, policy.step_budget_key, min(policy.step_budget(), cfg.scheduler.max_step_tokens))
+        return make_scheduler(dataclasses.replace(cfg, policy=policy), spec, num_pages)
     return make
 
 
@@ -166,7 +171,7 @@ def _sim_backend(cfg, spec: ModelSpec, requests):
 def engine_settings(cfg, spec: ModelSpec):
     """What the engine needs of the config (testbed/engine/settings.py; imports torch)."""
     from testbed.engine.settings import EngineSettings
-    e, m, p = cfg.engine, cfg.model, cfg.policy
+    e, m, lim = cfg.engine, cfg.model, cfg.scheduler
     if m.weights == "real" and not m.path:
         raise ValueError("model.weights=real needs model.path=DIR (config.json + *.safetensors); "
                          "or use model.weights=dummy")
@@ -175,8 +180,8 @@ def engine_settings(cfg, spec: ModelSpec):
         decode_tensor_cores=e.decode_tensor_cores, prefill_backend=e.prefill_backend,
         weights="dummy" if m.weights == "dummy" else m.path, seed=cfg.seed, page_size=e.page_size,
         num_pages=e.num_pages, mem_fraction=e.mem_fraction, cuda_graph_max_bs=e.cuda_graph_max_bs,
-        piecewise_graphs=e.piecewise_graphs, warmup=e.warmup, overlap=resolved_overlap(cfg), max_running=p.max_running,
-        max_step_tokens=max(p.max_prefill_tokens, p.token_budget), tp=e.tp, debug_plan_hash=e.debug_plan_hash)
+        piecewise_graphs=e.piecewise_graphs, warmup=e.warmup, overlap=resolved_overlap(cfg),
+        max_running=lim.max_running, max_step_tokens=lim.max_step_tokens, tp=e.tp, debug_plan_hash=e.debug_plan_hash)
 
 
 def engine_parts(cfg):

@@ -7,12 +7,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from policies import EVICTIONS, POLICIES, PolicyConfig
+from policies import EVICTIONS, POLICIES, PolicyConfig, own_knobs
 from testbed.engine.attention import ATTENTION_BACKENDS  # the names only: no torch
 from testbed.engine.kernels import check_kernels  # the names only: no torch
 from testbed.engine.options import PREFILL_BACKENDS
 from testbed.kv import PREFIX_CACHES
 from testbed.modelspec import ModelConfig
+from testbed.scheduler.config import SchedulerLimits
 from testbed.sim.costmodel.base import COST_MODELS
 from testbed.traces import TRACES, TraceConfig
 
@@ -22,6 +23,12 @@ DTYPES = ("bfloat16", "float16", "float32")
 
 class ConfigError(ValueError):
     pass
+
+
+# settings that moved: an old script's override names the new key instead of failing vaguely
+MOVED = {"policy.max_running": "scheduler.max_running"}
+# a knob some policies keep that also sized the engine's steps before the limits left the policy
+SIZED_STEPS = {"policy.max_prefill_tokens": "scheduler.max_step_tokens"}
 
 
 def _bad(key, value, allowed):
@@ -58,7 +65,7 @@ class EngineConfig:
     overlap: Optional[bool] = None
     cuda_graph_max_bs: int = 256  # decode CUDA graphs up to this batch; 0 disables them
     # CUDA graphs for the other steps (prefill, mixed, decode beyond the graphs), in pieces
-    # between the attention calls, for token counts up to the policy's step budget
+    # between the attention calls, for token counts up to scheduler.max_step_tokens
     piecewise_graphs: bool = True
     warmup: bool = True  # run every kind of step once before the first arrival (GPU: compile outside the clock)
     ignore_eos: bool = True  # generate every request's output length from the trace, past EOS
@@ -133,7 +140,7 @@ class ServeConfig:
 @dataclass
 class Config:
     backend: BackendConfig = field(default_factory=BackendConfig)
-    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)  # the chosen policy's own Config subclass
     eviction: NamedConfig = field(default_factory=lambda: NamedConfig("lru"))
     cache: NamedConfig = field(default_factory=lambda: NamedConfig("radix"))
     trace: TraceConfig = field(default_factory=TraceConfig)
@@ -141,6 +148,7 @@ class Config:
     hardware: Any = None  # conf/hardware/*.yaml, checked by load_hardware
     costmodel: Any = None  # conf/costmodel/*.yaml, checked by make_cost_model
     engine: EngineConfig = field(default_factory=EngineConfig)
+    scheduler: SchedulerLimits = field(default_factory=SchedulerLimits)
     slo: SLOConfig = field(default_factory=SLOConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
     seed: int = 0  # every random draw of the run (arrivals, token ids, sampling) derives from it
@@ -181,8 +189,9 @@ def swept_dirname(override_dirname: str) -> str:
 
 
 def register_schema() -> None:
-    """The schema, and one option of the groups policy, eviction and cache per registered name,
-    so `policy=<module>` works for a new module in policies/scheduling/ with no yaml file."""
+    """The schema, and one option of the groups policy, eviction and cache per registered name
+    (a policy's option is its own config class), so `policy=<module>` works for a new module in
+    policies/scheduling/ with no yaml file."""
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
     if not OmegaConf.has_resolver("swept"):
@@ -190,7 +199,7 @@ def register_schema() -> None:
     store = ConfigStore.instance()
     store.store(name="config_schema", node=Config)
     for name in POLICIES.names():
-        store.store(group="policy", name=name, node=PolicyConfig(name=name))
+        store.store(group="policy", name=name, node=POLICIES.get(name).config(name=name))
     for group, registry in (("eviction", EVICTIONS), ("cache", PREFIX_CACHES)):
         for name in registry.names():
             store.store(group=group, name=name, node=NamedConfig(name))
@@ -215,6 +224,8 @@ def check(cfg: Config) -> None:
         cfg.serve.validate()
         POLICIES.check(cfg.policy.name)
         cfg.policy.validate()
+        cfg.scheduler.validate()
+        cfg.scheduler.check_policy(cfg.policy)
         EVICTIONS.check(cfg.eviction.name)
         PREFIX_CACHES.check(cfg.cache.name)
         TRACES.check(cfg.trace.name)
@@ -229,8 +240,9 @@ def check(cfg: Config) -> None:
         raise ConfigError(str(err)) from None
 
 
-def _settings_of(path: str) -> list[str] | None:
-    """The setting names under a dotted config path (trace -> TraceConfig's fields), or None."""
+def _settings_of(path: str, policy: str) -> list[str] | None:
+    """The setting names under a dotted config path (trace -> TraceConfig's fields; policy ->
+    the config class of the policy named `policy`), or None."""
     import dataclasses
     import typing
     node: Any = Config
@@ -241,20 +253,39 @@ def _settings_of(path: str) -> list[str] | None:
         if part not in hints:
             return None
         node = hints[part]
+        if node is PolicyConfig and policy in POLICIES.names():
+            node = POLICIES.get(policy).config
     return [f.name for f in dataclasses.fields(node)] if dataclasses.is_dataclass(node) else None
 
 
-def not_a_setting(key: str) -> str:
-    """The line for a key the schema does not have, with the settings that are there."""
-    parent = key.rpartition(".")[0]
-    known = _settings_of(parent)
+def not_a_setting(key: str, policy: str = PolicyConfig.name) -> str:
+    """The line for a key the schema does not have, with the settings that are there; a moved
+    one names its new key. policy: the run's policy (policy.* settings differ by policy)."""
+    if key in MOVED:
+        return f"{key} is now {MOVED[key]} (a deployment limit, the same for every policy)"
+    parent, _, leaf = key.rpartition(".")
+    known = _settings_of(parent, policy)
     if not known:
         return f"{key} is not a setting"
-    return f"{key} is not a setting" + (f" of {parent}; its settings: " if parent else "; the settings: ") + \
+    where = f"policy={policy}" if parent == "policy" else parent
+    line = f"{key} is not a setting" + (f" of {where}; its settings: " if parent else "; the settings: ") + \
         ", ".join(known)
+    if parent == "policy":
+        owners = [n for n in POLICIES.names() if leaf in own_knobs(POLICIES.get(n).config)]
+        if owners:
+            line += f" ({leaf} is a knob of policy={' and policy='.join(owners)})"
+    if key in SIZED_STEPS:
+        line += f"; the most tokens a step may hold is {SIZED_STEPS[key]}"
+    return line
 
 
-def composition_error(err: Exception) -> str:
+def policy_of(overrides: list[str]) -> str:
+    """The policy a command line chooses (its last policy=NAME), else the default."""
+    names = [o.split("=", 1)[1] for o in overrides if o.lstrip("+~").startswith("policy=")]
+    return names[-1] if names else PolicyConfig.name
+
+
+def composition_error(err: Exception, overrides: list[str] = ()) -> str:
     """Hydra's error for an override it cannot compose (a dozen lines and a stack-trace hint),
     as one line naming the override and what is allowed."""
     import re
@@ -267,7 +298,7 @@ def composition_error(err: Exception) -> str:
             return f"{m.group(1)}={m.group(2)!r} is unknown; allowed: {', '.join(err.options)}"
     m = re.match(r"Could not override '([^']+)'", text)
     if m:
-        return not_a_setting(m.group(1))
+        return not_a_setting(m.group(1), policy_of(list(overrides)))
     m = re.match(r"Error merging override (\S+)", text)
     if m and err.__cause__ is not None:
         return f"{m.group(1)}: {str(err.__cause__).splitlines()[0]}"
@@ -303,9 +334,12 @@ def first_of_each_sweep(argv: list[str]) -> list[str]:
 
 def _unknown_keys(node, schema, path: str = "") -> list[str]:
     """Keys of a composed config that its dataclass schema does not have (an appended
-    `+trace.x=3` would otherwise be dropped without a word)."""
+    `+trace.x=3` would otherwise be dropped without a word). A node of a subclass (the
+    policy's own config) is checked against that class."""
     import dataclasses
     import typing
+
+    from omegaconf import OmegaConf
     hints = typing.get_type_hints(schema)
     out = []
     for key in node.keys():
@@ -313,7 +347,9 @@ def _unknown_keys(node, schema, path: str = "") -> list[str]:
         if key not in hints:
             out.append(full)
         elif dataclasses.is_dataclass(hints[key]) and hasattr(node[key], "keys"):
-            out += _unknown_keys(node[key], hints[key], full + ".")
+            own = OmegaConf.get_type(node[key])
+            sub = own if isinstance(own, type) and issubclass(own, hints[key]) else hints[key]
+            out += _unknown_keys(node[key], sub, full + ".")
     return out
 
 
@@ -322,13 +358,19 @@ def to_config(dcfg) -> Config:
     from omegaconf import OmegaConf
     bad = _unknown_keys(dcfg, Config)
     if bad:
-        raise ConfigError(not_a_setting(bad[0]))
+        raise ConfigError(not_a_setting(bad[0], str(dcfg.policy.name)))
     return OmegaConf.to_object(dcfg)
 
 
 def compose(overrides: list[str]) -> Config:
     """The run config of `python -m testbed.run OVERRIDES...`, for tools with their own entry
-    point (testbed.profile, testbed.fidelity): the same groups, schema and checks."""
-    cfg = to_config(compose_raw(overrides))
+    point (testbed.profile, testbed.fidelity): the same groups, schema and checks; an override
+    Hydra cannot compose is a ConfigError of one line, as on testbed.run's command line."""
+    from hydra.errors import HydraException
+    try:
+        raw = compose_raw(overrides)
+    except HydraException as e:
+        raise ConfigError(composition_error(e, list(overrides))) from None
+    cfg = to_config(raw)
     check(cfg)
     return cfg

@@ -1,8 +1,8 @@
 """`python -m testbed.run --help`: the groups and every knob with its default and a line of help.
 
 The help is the comment beside each field of the config dataclasses (testbed/config.py, the
-policy's, the trace's and the model's), or the comment lines right above it: the schema and
-its documentation stay in one place."""
+scheduler's, the policies', the trace's and the model's), or the comment lines right above it:
+the schema and its documentation stay in one place."""
 from __future__ import annotations
 
 import dataclasses
@@ -37,14 +37,30 @@ def knobs(cls=None, prefix: str = "") -> list[tuple[str, str]]:
     if cls is None:
         from testbed.config import Config
         cls = Config
+    from policies import PolicyConfig
     hints, docs, out = typing.get_type_hints(cls), _docs(cls), []
     for f in dataclasses.fields(cls):
         t = hints[f.name]
         if dataclasses.is_dataclass(t):
             out += knobs(t, f"{prefix}{f.name}.")
+            if t is PolicyConfig:
+                out += policy_knobs(f"{prefix}{f.name}.")
         elif t is not typing.Any:  # Any: a group's own yaml (hardware, costmodel)
             out.append((prefix + f.name, docs.get(f.name, "")))
     return out
+
+
+def policy_knobs(prefix: str = "policy.") -> list[tuple[str, str]]:
+    """(dotted key, help) of the knobs policies have of their own (their Config subclasses): which
+    policies have each, with its default there and its comment; no help if a comment is missing."""
+    from policies import POLICIES, own_knobs
+    by_knob: dict[str, list[str | None]] = {}
+    for name in POLICIES.names():
+        cls = POLICIES.get(name).config
+        docs, defaults = _docs(cls), {f.name: f.default for f in dataclasses.fields(cls)}
+        for k in own_knobs(cls):
+            by_knob.setdefault(k, []).append(f"policy={name} ({defaults[k]}): {docs[k]}" if k in docs else None)
+    return [(prefix + k, "" if None in v else "; ".join(v)) for k, v in sorted(by_knob.items())]
 
 
 def _defaults(keys) -> dict[str, object]:
@@ -77,10 +93,11 @@ def render() -> str:
               "conf/hardware and conf/costmodel):"]
     rows = knobs()
     defaults = _defaults([k for k, _ in rows])
+    by_policy = {k for k, _ in policy_knobs()}  # their defaults are the policies', in the help
     width = max(len(k) for k, _ in rows)
     for key, doc in rows:
         v = defaults[key]
-        shown = "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+        shown = "-" if key in by_policy else "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
         lines.append(f"  {key:<{width}}  {shown:<12} {doc}")
     lines += ["", "Hydra's own: --cfg job (the composed config), --info, --hydra-help."]
     return "\n".join(lines)

@@ -76,6 +76,20 @@ def main(argv=None) -> int:
     return 0
 
 
+def recorded_limits_and_policy(prof: dict) -> list[str]:
+    """The overrides of the deployment limits and the policy a profile was measured with.
+    Profiles fitted before the limits left the policy record the policy's knobs in their engine
+    section instead: a step held max(max_prefill_tokens, token_budget), the policy was chunked."""
+    e = prof["engine"]
+    if "max_step_tokens" in e:
+        policy = prof["policy"]
+        limits = [f"scheduler.max_running={e['max_running']}", f"scheduler.max_step_tokens={e['max_step_tokens']}"]
+        return limits + [f"policy={policy['name']}"] + [f"policy.{k}={v}" for k, v in policy.items() if k != "name"]
+    return [f"scheduler.max_running={e['max_running']}",
+            f"scheduler.max_step_tokens={max(e['max_prefill_tokens'], e['token_budget'])}",
+            "policy=chunked", f"policy.token_budget={e['token_budget']}"]
+
+
 def refit(path: Path, out: Path | None, host_from: list[Path] = (), device_from: list[Path] = ()) -> int:
     """Fit a stored profile's samples again, with the deployment it records; host_from: more
     profiles of the same deployment whose host workloads join the host fit; device_from: more
@@ -91,7 +105,7 @@ def refit(path: Path, out: Path | None, host_from: list[Path] = (), device_from:
                      f"hardware={old['hardware']['name']}"]
         overrides += [f"engine.{k}={e[k]}" for k in ("tp", "page_size", "attention", "kernels", "dtype", "overlap",
                                                      "cuda_graph_max_bs", "prefill_backend")]
-        overrides += [f"policy.{k}={e[k]}" for k in ("max_running", "max_prefill_tokens", "token_budget")]
+        overrides += recorded_limits_and_policy(old)
         overrides.append(f"engine.piecewise_graphs={e.get('piecewise_graphs', False)}")  # older profiles: none
         cfg = compose(overrides)
         def same_deployment(p, what):

@@ -282,10 +282,11 @@ def precheck(argv: list[str]) -> str | None:
             OverridesParser.create().parse_overrides([a])
         except OverrideParseException as e:
             return f"{a}: not an override Hydra can parse ({str(e).splitlines()[0]})"
+    one_job = first_of_each_sweep(overrides) if flags else overrides
     try:
-        compose_raw(first_of_each_sweep(overrides) if flags else overrides)
+        compose_raw(one_job)
     except HydraException as e:
-        return composition_error(e)
+        return composition_error(e, one_job)
     return None
 
 

@@ -3,16 +3,25 @@ from __future__ import annotations
 
 import numpy as np
 
-from policies import PolicyConfig, eviction_key, make_policy
+from policies import POLICIES, eviction_key, make_policy, policy_config
 from testbed.core import Request, StepResult
-from testbed.scheduler import Scheduler, SchedulerConfig
+from testbed.scheduler import Scheduler, SchedulerConfig, SchedulerLimits
 
 
 def make_scheduler(policy="chunked", num_pages=4096, page_size=1, cache="radix", eviction="lru",
-                   max_context=100_000, check=True, **policy_kw) -> Scheduler:
-    pol = make_policy(PolicyConfig(name=policy, **policy_kw))
+                   max_context=100_000, check=True, max_running=None, max_step_tokens=None, budget=None,
+                   **policy_kw) -> Scheduler:
+    """A scheduler as a run builds it. max_running, max_step_tokens: the limits (scheduler.*,
+    their defaults when None); budget: the policy's step budget, whichever knob it is
+    (max_prefill_tokens, token_budget); policy_kw: the policy's knobs."""
+    if budget is not None:
+        policy_kw[POLICIES.get(policy).config.step_budget_key] = budget
+    pol = make_policy(policy_config(policy, **policy_kw))
+    given = {"max_running": max_running, "max_step_tokens": max_step_tokens}
+    limits = SchedulerLimits(**{k: v for k, v in given.items() if v is not None})
+    limits.check_policy(pol.cfg)  # as a run's config check does
     cfg = SchedulerConfig(num_pages=num_pages, page_size=page_size, max_context=max_context, cache=cache,
-                          eviction=eviction, check_every_step=check)
+                          eviction=eviction, check_every_step=check, limits=limits)
     return Scheduler(cfg, pol, eviction_key(eviction))
 
 

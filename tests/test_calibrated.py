@@ -182,6 +182,7 @@ def test_refit_reproduces_the_committed_profile(tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     new, old = json.loads(out.read_text()), load_profile(PROFILE)
     assert new["host"] == old["host"] and new["device"] == old["device"]
+    assert new["engine"] == old["engine"] and new["policy"] == old["policy"]  # the deployment it records
     assert "device_decode" in p.stdout and "chunked_launch_s" in p.stdout
     p = subprocess.run([sys.executable, "-m", "testbed.profile", f"refit={tmp_path / 'none.json'}"],
                        cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -189,6 +190,31 @@ def test_refit_reproduces_the_committed_profile(tmp_path):
 
 
 PROFILE_PATH = REPO / "testbed/sim/costmodel/profiles" / f"{PROFILE}.json"
+
+
+def test_a_fresh_profile_on_cuda_fits_the_fa2_plan_with_the_default_attention():
+    """engine.attention's default (null) is flashinfer on CUDA: its prefill plan is a feature of the fit."""
+    from testbed.config import EngineConfig
+    from testbed.modelspec import load_model_spec
+    from testbed.sim.costmodel.fit import fa2_shape
+    spec = load_model_spec("hf/llama3_8b.json", name="llama3_8b")
+    assert fa2_shape(spec, EngineConfig(), 132) == fa2_shape(spec, EngineConfig(attention="flashinfer"), 132)
+    assert fa2_shape(spec, EngineConfig(), 132) is not None
+    assert fa2_shape(spec, EngineConfig(device="cpu"), 132) is None
+    assert fa2_shape(spec, EngineConfig(prefill_backend="fa3"), 132) is None
+
+
+def test_a_profile_records_the_limits_and_policy_it_was_measured_with():
+    """Its engine section the deployment's limits, the policy beside; a profile fitted while the
+    limits were policy knobs is read as the deployment it was."""
+    from testbed.profile import recorded_limits_and_policy
+    e = load_profile(PROFILE)["engine"]
+    assert (e["max_running"], e["max_step_tokens"]) == (256, 8192) and "token_budget" not in e
+    assert recorded_limits_and_policy(load_profile(PROFILE))[:4] == [
+        "scheduler.max_running=256", "scheduler.max_step_tokens=8192", "policy=chunked", "policy.order=fcfs"]
+    before = {"engine": {"max_running": 64, "max_prefill_tokens": 4096, "token_budget": 256}}
+    assert recorded_limits_and_policy(before) == ["scheduler.max_running=64", "scheduler.max_step_tokens=4096",
+                                                  "policy=chunked", "policy.token_budget=256"]
 
 
 # ---------------------------------------------------------------------- CLI

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -154,12 +155,40 @@ def test_a_users_file_is_used_whole_and_the_table_says_what_was_left_out(tmp_pat
     (["eviction.name=arc"], "eviction.name='arc' is unknown; allowed: fifo, lfu, lru, priority, slru"),
     (["engine.attention=nope"], "engine.attention='nope' is unknown; allowed: flashinfer, torch"),
     (["costmodel.name=nope"], "costmodel.name='nope' is unknown; allowed: auto, calibrated, roofline"),
+    # limits are the deployment's, budgets the policy's own: an old script's override says where it went
+    (["policy.max_running=8"], "policy.max_running is now scheduler.max_running"),
+    (["-m", "policy.max_running=4,8"], "policy.max_running is now scheduler.max_running"),
+    (["policy=prefill_first", "policy.token_budget=64"], "policy.token_budget is not a setting of "
+     "policy=prefill_first; its settings: name, order, reserve, chunk_size, estimate_init, estimate_min, "
+     "estimate_decay, max_prefill_tokens (token_budget is a knob of policy=chunked)"),
+    (["policy.max_prefill_tokens=16384"], "(max_prefill_tokens is a knob of policy=decode_first and "
+     "policy=prefill_first); the most tokens a step may hold is scheduler.max_step_tokens"),
+    (["policy.token_budget=10000"], "policy.token_budget=10000 is more than a step may hold "
+     "(scheduler.max_step_tokens=8192); raise scheduler.max_step_tokens"),
+    (["scheduler.max_step_tokens=128"], "scheduler.max_step_tokens=128 is invalid; allowed: at least "
+     "scheduler.max_running=256"),
+    (["scheduler.max_running=0"], "scheduler.max_running=0 is invalid; allowed: an integer >= 1"),
 ])
 def test_bad_input_is_one_clear_line(tmp_path, args, needle):
     p = cli(*args, f"hydra.run.dir={tmp_path}")
     assert p.returncode == 2, p.stderr[-2000:]
     assert "Traceback" not in p.stderr
     assert needle in p.stderr.strip().splitlines()[-1]
+
+
+def test_the_limits_are_the_schedulers_in_every_entry_point(tmp_path):
+    """scheduler.max_running caps the running requests in a run; the tools composing a config
+    (testbed.profile, testbed.fidelity) say where an old name went in the same line."""
+    from testbed.config import ConfigError, compose
+    out = tmp_path / "run"
+    ok(cli("scheduler.max_running=4", "policy=decode_first", "trace.num_requests=40", f"hydra.run.dir={out}"))
+    s = json.loads((out / "summary.json").read_text())
+    assert s["config"]["scheduler"] == {"max_running": 4, "max_step_tokens": 8192}
+    assert "max_running" not in s["config"]["policy"] and s["config"]["policy"]["max_prefill_tokens"] == 8192
+    running = pd.read_parquet(out / "steps.parquet")["running"]
+    assert running.max() == 4 and s["metrics"]["completed"] == 40
+    with pytest.raises(ConfigError, match="^policy.max_running is now scheduler.max_running"):
+        compose(["policy.max_running=8"])
 
 
 @pytest.mark.parametrize("rows,needle", [
@@ -182,21 +211,10 @@ def test_unknown_policy_lists_known_ones(tmp_path):
     assert "prefill_first" in p.stderr and "chunked" in p.stderr
 
 
-# the README's example policy, and an eviction order, each one new file and nothing else
-NEW_POLICY = """
-from testbed.core import BatchPlan, SchedulerView
-from policies.base import Policy
-
-class WholePrefill(Policy):
-    name = "whole_prefill"
-
-    def plan(self, view: SchedulerView) -> BatchPlan:
-        plan = BatchPlan()
-        for r in view.running:
-            plan.add(r, r.extend_len)
-        self.admit(view, plan, self.cfg.max_prefill_tokens, self.kv_left(view))
-        return plan
-"""
+# the README's example policy (its code block, as printed there), and an eviction order, each
+# one new file and nothing else
+NEW_POLICY = next(b for b in re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+                  if "(Policy)" in b)
 NEW_EVICTION = "def key(node):\n    return (-node.last_access,)  # most recently used first\n"
 
 
@@ -209,12 +227,13 @@ def test_a_new_policy_or_eviction_module_is_a_config_option(tmp_path):
         for path, text in made.items():
             path.write_text(text)
         out = tmp_path / "run"
-        ok(cli(f"policy={name}", f"eviction={name}", "policy.max_prefill_tokens=2048", "trace=mooncake_synthetic",
+        ok(cli(f"policy={name}", f"eviction={name}", "policy.step_tokens=2048", "trace=mooncake_synthetic",
                "trace.num_requests=60", "engine.num_pages=150000", f"hydra.run.dir={out}"))
         s = json.loads((out / "summary.json").read_text())
         assert s["complete"] and s["metrics"]["completed"] == 60
         assert s["config"]["policy"]["name"] == name and s["config"]["eviction"]["name"] == name
-        assert s["config"]["policy"]["max_prefill_tokens"] == 2048  # the knobs are PolicyConfig's
+        assert s["config"]["policy"]["step_tokens"] == 2048  # the policy's own Config: a knob with no yaml
+        assert pd.read_parquet(out / "steps.parquet")[["prefill_tokens", "decode_tokens"]].sum(axis=1).max() <= 2048
         assert pd.read_parquet(out / "steps.parquet")["evicted_pages"].sum() > 0
     finally:
         for path in made:
@@ -226,7 +245,6 @@ def test_a_new_policy_or_eviction_module_is_a_config_option(tmp_path):
 def _stop_mid_run(out, sig):
     """A long simulation, sent `sig` once its progress bar shows finished requests (a condition,
     not a sleep: loading 30k requests takes longer on a loaded machine)."""
-    import re
     import threading
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "testbed.run", "progress=true", "trace=sharegpt",

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from policies import EVICTIONS, ORDERS, POLICIES, RESERVES, PolicyConfig, eviction_key, make_policy
+from policies import EVICTIONS, ORDERS, POLICIES, RESERVES, config_like, eviction_key, make_policy, policy_config
 from policies.scheduling.prefill_first import PrefillFirst
 from scheduler_harness import finish_all, make_scheduler, req, run_all, shared, step
 from testbed.core import BatchPlan, RequestState
-from testbed.scheduler import PlanError, Scheduler, SchedulerConfig
+from testbed.scheduler import PlanError, Scheduler, SchedulerConfig, SchedulerLimits
 
 
 def items(plan) -> list[tuple[int, int]]:
@@ -33,42 +33,88 @@ def test_registry_finds_every_policy_and_eviction_by_name():
     assert POLICIES.names() == ["chunked", "decode_first", "prefill_first"]
     assert EVICTIONS.names() == ["fifo", "lfu", "lru", "priority", "slru"]
     for name in POLICIES.names():
-        assert make_policy(PolicyConfig(name=name)).name == name
+        assert make_policy(policy_config(name)).name == name
 
 
 def test_unknown_names_fail_listing_the_known_ones():
     with pytest.raises(ValueError, match="^policy.name='sarathi' is unknown; allowed: chunked, decode_first, "
                                          "prefill_first$"):
-        make_policy(PolicyConfig(name="sarathi"))
+        policy_config("sarathi")
     with pytest.raises(ValueError, match="^eviction.name='arc' is unknown; allowed: fifo, lfu, lru, priority, slru$"):
         eviction_key("arc")
     with pytest.raises(ValueError, match="allowed: fcfs, sjf, lpm, priority"):
-        make_policy(PolicyConfig(order="random"))
+        make_policy(policy_config("chunked", order="random"))
     with pytest.raises(ValueError, match="allowed: full, estimate"):
-        make_policy(PolicyConfig(reserve="none"))
+        make_policy(policy_config("chunked", reserve="none"))
     with pytest.raises(ValueError, match="^cache.name='lru' is unknown; allowed: none, radix$"):
         make_scheduler(cache="lru")
 
 
-@pytest.mark.parametrize("key,value,allowed", [
-    ("max_running", 0, "an integer >= 1"),
-    ("max_prefill_tokens", 0, "an integer >= 1"),
-    ("token_budget", -5, "an integer >= 1"),
-    ("chunk_size", -1, "0 (off) or an integer >= 1"),
-    ("estimate_decay", 1.5, "a number in [0, 1]"),
-    ("estimate_min", 0.9, "0 <= min <= init <= 1"),
+@pytest.mark.parametrize("name,key,value,allowed", [
+    ("prefill_first", "max_prefill_tokens", 0, "an integer >= 1"),
+    ("decode_first", "max_prefill_tokens", 0, "an integer >= 1"),
+    ("chunked", "token_budget", -5, "an integer >= 1"),
+    ("chunked", "chunk_size", -1, "0 (off) or an integer >= 1"),
+    ("decode_first", "estimate_decay", 1.5, "a number in [0, 1]"),
+    ("prefill_first", "estimate_min", 0.9, "0 <= min <= init <= 1"),
 ])
-def test_bad_knob_values_name_key_value_and_what_is_allowed(key, value, allowed):
+def test_bad_knob_values_name_key_value_and_what_is_allowed(name, key, value, allowed):
     with pytest.raises(ValueError) as e:
-        make_policy(PolicyConfig(**{key: value}))
+        make_policy(policy_config(name, **{key: value}))
     msg = str(e.value)
     assert "policy." in msg and repr(value) in msg and allowed in msg
+
+
+def test_each_policy_has_its_own_knobs_and_no_limits():
+    """The step budget is a knob of the policy it matters to; the limits are no policy's."""
+    assert policy_config("chunked").token_budget == 512
+    assert policy_config("prefill_first").max_prefill_tokens == policy_config("decode_first").max_prefill_tokens == 8192
+    for name in POLICIES.names():
+        assert policy_config(name).name == name
+        for limit in ("max_running", "max_step_tokens"):
+            assert not hasattr(policy_config(name), limit)
+    with pytest.raises(ValueError, match="^policy=prefill_first has no knob token_budget; its knobs: order, "):
+        policy_config("prefill_first", token_budget=64)
+    with pytest.raises(TypeError, match="policy chunked takes a ChunkedConfig, got a PrefillFirstConfig"):
+        POLICIES.get("chunked").obj(policy_config("prefill_first"))
+
+
+def test_a_config_like_another_keeps_the_common_knobs_and_its_own_defaults():
+    cfg = policy_config("chunked", token_budget=64, order="sjf", chunk_size=32)
+    other = config_like(cfg, "prefill_first")
+    assert (other.name, other.order, other.chunk_size, other.max_prefill_tokens) == ("prefill_first", "sjf", 32, 8192)
+    assert config_like(cfg, "chunked") is cfg
 
 
 @pytest.mark.parametrize("key", ["num_pages", "page_size", "max_context"])
 def test_bad_scheduler_config_values(key):
     with pytest.raises(ValueError, match=f"{key}=0 is invalid; allowed: an integer >= 1"):
-        Scheduler(SchedulerConfig(**{key: 0}), make_policy(PolicyConfig()), eviction_key("lru"))
+        Scheduler(SchedulerConfig(**{key: 0}), make_policy(policy_config("chunked")), eviction_key("lru"))
+
+
+@pytest.mark.parametrize("limits,match", [
+    (dict(max_running=0), "^scheduler.max_running=0 is invalid; allowed: an integer >= 1$"),
+    (dict(max_step_tokens=-1), "^scheduler.max_step_tokens=-1 is invalid; allowed: an integer >= 1$"),
+    (dict(max_running=64, max_step_tokens=32), "^scheduler.max_step_tokens=32 is invalid; allowed: at least "
+                                               "scheduler.max_running=64"),
+])
+def test_bad_limits_name_the_scheduler_key(limits, match):
+    with pytest.raises(ValueError, match=match):
+        Scheduler(SchedulerConfig(limits=SchedulerLimits(**limits)), make_policy(policy_config("chunked")),
+                  eviction_key("lru"))
+
+
+def test_a_step_budget_over_the_step_limit_is_refused_naming_both_keys():
+    with pytest.raises(ValueError, match=r"^policy.token_budget=4096 is more than a step may hold "
+                                         r"\(scheduler.max_step_tokens=1024\); raise scheduler.max_step_tokens$"):
+        make_scheduler("chunked", token_budget=4096, max_step_tokens=1024)
+    make_scheduler("chunked", token_budget=1024, max_step_tokens=1024)  # equal fits
+
+
+def test_the_view_hands_policies_the_limits():
+    s = make_scheduler("chunked", max_running=5, max_step_tokens=700)
+    v = s.view(0.0)
+    assert (v.max_running, v.max_step_tokens) == (5, 700)
 
 
 # ---- prefill_first ----------------------------------------------------------------------------
@@ -334,7 +380,8 @@ def test_reservation_rounds_each_running_request_to_its_own_pages(reserve):
 
 
 def test_estimate_ratio_decays_and_resets_after_a_preemption():
-    pol = make_policy(PolicyConfig(reserve="estimate", estimate_init=0.5, estimate_min=0.2, estimate_decay=0.1))
+    pol = make_policy(policy_config("chunked", reserve="estimate", estimate_init=0.5, estimate_min=0.2,
+                                    estimate_decay=0.1))
     s = Scheduler(SchedulerConfig(num_pages=64), pol, eviction_key("lru"))
     ratios = []
     for _ in range(5):
@@ -356,7 +403,7 @@ class EarliestVictim(PrefillFirst):
 
 
 def tight_policy(cls=None):
-    cfg = PolicyConfig(name="prefill_first", reserve="estimate", estimate_init=0.2, estimate_min=0.1)
+    cfg = policy_config("prefill_first", reserve="estimate", estimate_init=0.2, estimate_min=0.1)
     return cls(cfg) if cls else make_policy(cfg)
 
 
@@ -416,7 +463,7 @@ class ExplicitPreempt(PrefillFirst):
 
 
 def test_policy_can_preempt_through_the_plan():
-    pol = ExplicitPreempt(PolicyConfig())
+    pol = ExplicitPreempt(ExplicitPreempt.Config())
     s = Scheduler(SchedulerConfig(num_pages=256, check_every_step=True), pol, eviction_key("lru"))
     reqs = add(s, req(0, 6, 5), req(1, 6, 5))
     for _ in range(3):
@@ -481,11 +528,30 @@ def _too_long_prompt(view, plan):
     (_too_long_prompt, "prompt has"),
 ])
 def test_a_bad_plan_raises_plan_error(bad, match):
-    s = Scheduler(SchedulerConfig(num_pages=256), Broken(PolicyConfig(max_running=2), bad), eviction_key("lru"))
+    s = Scheduler(SchedulerConfig(num_pages=256, limits=SchedulerLimits(max_running=2)), Broken(Broken.Config(), bad),
+                  eviction_key("lru"))
     add(s, req(0, 4, 5), req(1, 4, 5), req(2, 4, 5))
     step(s)
     with pytest.raises(PlanError, match=match):
         s.schedule(0.0)
+
+
+def test_a_plan_over_the_step_limit_raises_plan_error():
+    """A policy that plans more tokens than view.max_step_tokens is refused before any of it is applied."""
+    def _and_a_decode(view, plan):
+        plan.add(view.running[0], 1)
+
+    limits = SchedulerLimits(max_running=2, max_step_tokens=4)
+    s = Scheduler(SchedulerConfig(num_pages=256, limits=limits),
+                  Broken(Broken.Config(max_prefill_tokens=4), _and_a_decode), eviction_key("lru"))
+    add(s, req(0, 4, 5), req(1, 4, 5))
+    plan, _ = step(s)
+    assert items(plan) == [(0, 4)]  # 4 tokens: a full step
+    before = [(r.rid, r.device_len, r.cached_len) for r in s.running]
+    with pytest.raises(PlanError, match=r"^the plan holds 5 tokens, more than a step may hold "
+                                        r"\(scheduler.max_step_tokens=4\)$"):
+        s.schedule(0.0)
+    assert [r.rid for r in s.waiting] == [1] and [(r.rid, r.device_len, r.cached_len) for r in s.running] == before
 
 
 def test_a_plan_naming_a_finished_request_raises_plan_error():
@@ -494,7 +560,7 @@ def test_a_plan_naming_a_finished_request_raises_plan_error():
     def _finished(view, plan):
         plan.add(done, 1)
 
-    s = Scheduler(SchedulerConfig(num_pages=256), Broken(PolicyConfig(), _finished), eviction_key("lru"))
+    s = Scheduler(SchedulerConfig(num_pages=256), Broken(Broken.Config(), _finished), eviction_key("lru"))
     run_all(s, [done])
     add(s, req(0, 4, 5))
     with pytest.raises(PlanError, match="neither waiting nor schedulable"):
@@ -531,7 +597,7 @@ def _workload():
 @pytest.mark.parametrize("order", list(ORDERS))
 @pytest.mark.parametrize("reserve", list(RESERVES))
 def test_same_inputs_same_plans(name, order, reserve):
-    kw = dict(num_pages=160, order=order, reserve=reserve, max_prefill_tokens=48, token_budget=24, chunk_size=16)
+    kw = dict(num_pages=160, order=order, reserve=reserve, budget=24 if name == "chunked" else 48, chunk_size=16)
     a = run_all(make_scheduler(name, **kw), _workload())
     b = run_all(make_scheduler(name, **kw), _workload())
     assert a == b and len(a) > 5

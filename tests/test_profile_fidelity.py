@@ -12,7 +12,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SMOL_CPU = ["model=smollm2_135m", "model.weights=dummy", "engine.device=cpu", "engine.attention=torch",
-            "engine.num_pages=8192", "policy.max_running=8", "policy.max_prefill_tokens=256",
+            "engine.num_pages=8192", "scheduler.max_running=8", "scheduler.max_step_tokens=256",
             "policy.token_budget=64", "engine.overlap=false"]  # overlap on the CPU: 5x slower steps (#16)
 
 
@@ -67,6 +67,22 @@ def test_profiler_grid_keeps_within_limits():
     fresh = {sum(sh.extend) for sh in device_grid(2048, 64, [1, 2, 4, 8, 16], 100_000, base_tokens=pieces)
              if sh.kind == "prefill" and len(sh.extend) == 1 and sh.cached == [0]}
     assert {16, 32, 48, 400, 2048} <= fresh and 4096 not in fresh
+
+
+def test_the_profilers_schedulers_per_policy_fit_the_deployment():
+    """Each host workload's policy: the run's as given, the others with its common knobs and their
+    own at their defaults, cut to what a step of the deployment holds."""
+    from testbed import assemble
+    from testbed.config import compose
+    cfg = compose(["scheduler.max_running=8", "scheduler.max_step_tokens=256", "policy.token_budget=64",
+                   "policy.order=sjf"])
+    make = assemble.scheduler_per_policy(cfg, assemble.model_spec(cfg))
+    got = {n: make(n, 1000) for n in ("chunked", "prefill_first", "decode_first")}
+    assert got["chunked"].policy.cfg is cfg.policy and got["chunked"].policy.cfg.token_budget == 64
+    for name in ("prefill_first", "decode_first"):
+        pcfg = got[name].policy.cfg
+        assert (pcfg.name, pcfg.order, pcfg.max_prefill_tokens) == (name, "sjf", 256)
+    assert all(s.cfg.limits.max_running == 8 and s.page_table.num_free_rows == 8 for s in got.values())
 
 
 def test_serving_workload_and_idle_gaps():

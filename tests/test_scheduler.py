@@ -23,7 +23,7 @@ def no_leak(s):
     assert counts["in_use"] == 0
     assert counts["free"] + counts["cached"] == counts["total"]
     assert s.cache.evictable_pages == s.cache.cached_pages
-    assert s.page_table.num_free_rows == s.policy.cfg.max_running
+    assert s.page_table.num_free_rows == s.cfg.limits.max_running
     assert not s.running and not s.waiting and not s.live_requests()
 
 
@@ -374,7 +374,7 @@ def _overlap_workload():
 @pytest.mark.parametrize("name", POLICIES)
 @pytest.mark.parametrize("P", [1, 4])
 def test_overlap_gives_the_same_outputs_as_sync(name, P):
-    kw = dict(page_size=P, num_pages=512 // P, max_prefill_tokens=40, token_budget=20, chunk_size=12)
+    kw = dict(page_size=P, num_pages=512 // P, budget=20 if name == "chunked" else 40, chunk_size=12)
     sync = _overlap_workload()
     run_all(make_scheduler(name, **kw), sync)
     over = _overlap_workload()

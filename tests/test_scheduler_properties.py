@@ -12,7 +12,8 @@ policies, orders, reservations, eviction orders and caches. After every operatio
 - 0 <= cached_len <= device_len <= max length for every request;
 - the policy's view is read-only: every way of changing its queues fails, and it shows the
   scheduler's queues as they are;
-- the plan respects the policy's budgets, max_running, and prefill_first never mixes;
+- the plan respects the policy's budgets, max_running, the tightest max_step_tokens, and
+  prefill_first never mixes;
 - reserve=full never preempts.
 At the end, every request is terminal with the right outputs and no page is leaked.
 """
@@ -53,11 +54,16 @@ class Config:
     chunk_size: int
     estimate_init: float
 
+    @property
+    def budget(self) -> int:
+        return self.token_budget if self.policy == "chunked" else self.max_prefill_tokens
+
     def scheduler(self):
+        # the tightest step limit the policy fits: a plan over it fails the plan check
         return make_scheduler(self.policy, num_pages=self.num_pages, page_size=self.page_size, cache=self.cache,
                               eviction=self.eviction, max_context=MAX_CONTEXT, check=False, order=self.order,
-                              reserve=self.reserve, max_running=self.max_running,
-                              max_prefill_tokens=self.max_prefill_tokens, token_budget=self.token_budget,
+                              reserve=self.reserve, max_running=self.max_running, budget=self.budget,
+                              max_step_tokens=max(self.budget, self.max_running),
                               chunk_size=self.chunk_size, estimate_init=self.estimate_init, estimate_min=0.05,
                               estimate_decay=0.05)
 

@@ -176,7 +176,7 @@ class Workload:
     num_pages: int
     max_running: int
     chunk_size: int
-    budget: int  # max_prefill_tokens (prefill_first, decode_first) and token_budget (chunked)
+    budget: int  # the policy's step budget: max_prefill_tokens (prefill_first, decode_first), token_budget (chunked)
     prefixes: tuple  # shared prefixes (tuples of ids)
     reqs: tuple  # (prefix index or -1, own tokens, max_new_tokens, arrival, EOS at output k or -1)
     cost: StubCost
@@ -184,8 +184,7 @@ class Workload:
     def scheduler(self):
         return make_scheduler(self.policy, num_pages=self.num_pages, page_size=self.page_size,
                               max_context=MAX_CONTEXT, check=True, reserve=self.reserve,
-                              max_running=self.max_running, chunk_size=self.chunk_size,
-                              max_prefill_tokens=self.budget, token_budget=self.budget,
+                              max_running=self.max_running, chunk_size=self.chunk_size, budget=self.budget,
                               estimate_init=0.3, estimate_min=0.05, estimate_decay=0.05)
 
     def requests(self, eos=False):

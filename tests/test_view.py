@@ -11,12 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies import EVICTIONS, PolicyConfig, eviction_key
+from policies import EVICTIONS, PolicyConfig, eviction_key, policy_config
 from policies.scheduling.chunked import Chunked
 from scheduler_harness import make_scheduler, req, run_all, step, try_to_mutate
 from testbed.core import NodeView, SchedulerView
 from testbed.kv import RadixCache
-from testbed.scheduler import Scheduler, SchedulerConfig
+from testbed.scheduler import Scheduler, SchedulerConfig, SchedulerLimits
 
 
 def queues(s) -> tuple[list, list]:
@@ -69,9 +69,9 @@ class Meddler(Chunked):
 def test_a_meddling_policy_changes_nothing():
     reqs = lambda: [req(i, 10 + 3 * i, 5, arrival=0.0) for i in range(8)]  # noqa: E731
     plain = run_all(make_scheduler("chunked", max_running=3, token_budget=16), reqs())
-    pol = Meddler(PolicyConfig(max_running=3, token_budget=16))
-    s = Scheduler(SchedulerConfig(num_pages=4096, max_context=100_000, check_every_step=True), pol,
-                  eviction_key("lru"))
+    pol = Meddler(policy_config("chunked", token_budget=16))
+    s = Scheduler(SchedulerConfig(num_pages=4096, max_context=100_000, check_every_step=True,
+                                  limits=SchedulerLimits(max_running=3)), pol, eviction_key("lru"))
     assert run_all(s, reqs()) == plain
     assert pol.worked == []
 

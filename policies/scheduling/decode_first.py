@@ -1,6 +1,16 @@
+from dataclasses import dataclass
+from typing import ClassVar
+
 from testbed.core import BatchPlan, SchedulerView
 
-from policies.base import Policy
+from policies.base import Policy, PolicyConfig
+
+
+@dataclass
+class DecodeFirstConfig(PolicyConfig):
+    name: str = "decode_first"
+    max_prefill_tokens: int = 8192  # a step's tokens, decodes included (vLLM's max_num_batched_tokens)
+    step_budget_key: ClassVar[str] = "max_prefill_tokens"
 
 
 class DecodeFirst(Policy):
@@ -9,13 +19,11 @@ class DecodeFirst(Policy):
     do not fit. The step budget here is max_prefill_tokens (decodes included), like vLLM's
     max_num_batched_tokens; decodes beyond the budget wait for the next step."""
     name = "decode_first"
-
-    def step_budget(self) -> int:
-        return self.cfg.max_prefill_tokens
+    Config = DecodeFirstConfig
 
     def plan(self, view: SchedulerView) -> BatchPlan:
         plan = BatchPlan()
-        budget = self.step_budget()
+        budget = self.cfg.step_budget()
         prefilling = []
         decodes = []
         for r in view.running:  # the hot loop of every step: plain attributes, no helpers

@@ -1,6 +1,16 @@
+from dataclasses import dataclass
+from typing import ClassVar
+
 from testbed.core import BatchPlan, SchedulerView
 
-from policies.base import Policy
+from policies.base import Policy, PolicyConfig
+
+
+@dataclass
+class PrefillFirstConfig(PolicyConfig):
+    name: str = "prefill_first"
+    max_prefill_tokens: int = 8192  # prefill tokens per step (its decode steps run every running request)
+    step_budget_key: ClassVar[str] = "max_prefill_tokens"
 
 
 class PrefillFirst(Policy):
@@ -9,6 +19,7 @@ class PrefillFirst(Policy):
     after reserving the running requests; the last admitted may be chunked. Otherwise one
     decode batch of every running request. Prefill and decode never mix."""
     name = "prefill_first"
+    Config = PrefillFirstConfig
 
     def plan(self, view: SchedulerView) -> BatchPlan:
         plan = BatchPlan()

@@ -32,15 +32,17 @@ class Entry:
 
 class Registry:
     def __init__(self, key: str, *, modules: Mapping[str, str] | None = None, package: str | None = None,
-                 pick: Callable[[Any], Any] | None = None, error: type[Exception] = ValueError):
+                 pick: Callable[[Any], Any] | None = None, config_of: Callable[[Any], type] | None = None,
+                 error: type[Exception] = ValueError):
         """key: the config key the name comes from, for messages (e.g. "policy.name");
+        pick / config_of: a package module's object, and that object's config dataclass;
         error: the exception type the part raises for bad input (a ValueError)."""
         if (package is None) != (pick is None):
             raise TypeError("a package registry needs both package and pick")
         self.key = key
         self._entries: dict[str, Entry] = {}
         self._modules = dict(modules or {})
-        self._package, self._pick = package, pick
+        self._package, self._pick, self._config_of = package, pick, config_of
         self._error = error
 
     def register(self, name: str, obj: Any = None, *, config: type | None = None):
@@ -76,7 +78,8 @@ class Registry:
             owner = self._modules.get(name) or f"{self._package}.{name}"
             module = importlib.import_module(owner)
             if name not in self._entries and self._package is not None and name not in self._modules:
-                self.register(name, self._pick(module))
+                obj = self._pick(module)
+                self.register(name, obj, config=self._config_of(obj) if self._config_of else None)
             if name not in self._entries:
                 raise TypeError(f"{owner} was to register {self.key}={name!r} and did not")
         return self._entries[name]

@@ -28,6 +28,14 @@ class SchedulerView(Protocol):
         """RUNNING requests that can take a step, in admission order."""
 
     @property
+    def max_running(self) -> int:
+        """The deployment's cap on requests running at once (scheduler.max_running)."""
+
+    @property
+    def max_step_tokens(self) -> int:
+        """The most tokens a step may hold (scheduler.max_step_tokens): a plan over it is refused."""
+
+    @property
     def page_size(self) -> int: ...
 
     @property

@@ -139,7 +139,7 @@ def make_pieces(s: EngineSettings, model, device, num_pages: int):
         return None
     from testbed.engine.piecewise_graphs import PiecewiseGraphs
     t0 = time.perf_counter()
-    pieces = PiecewiseGraphs(model, device, s.eager_max_tokens, scratch_slot=num_pages * s.page_size)
+    pieces = PiecewiseGraphs(model, device, s.max_step_tokens, scratch_slot=num_pages * s.page_size)
     log.info("piecewise CUDA graphs: %d sizes up to %d tokens, %d graphs in %.1f s", len(pieces.sizes),
              pieces.max_tokens, pieces.num_graphs, time.perf_counter() - t0)
     return pieces

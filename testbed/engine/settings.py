@@ -23,12 +23,7 @@ class EngineSettings:
     piecewise_graphs: bool
     warmup: bool
     overlap: bool  # the host prepares step N+1 while the device runs step N
-    max_running: int  # the policy's cap on a batch's requests: page-table rows, the largest decode batch
-    max_step_tokens: int  # the most tokens the policy puts in a step (prefill budget or token budget)
+    max_running: int  # scheduler.max_running: page-table rows, the largest decode batch
+    max_step_tokens: int  # scheduler.max_step_tokens (>= max_running): the most tokens a step holds
     tp: int = 1
     debug_plan_hash: bool = False
-
-    @property
-    def eager_max_tokens(self) -> int:
-        """The most tokens a step outside the decode graphs can have."""
-        return max(self.max_step_tokens, self.max_running)

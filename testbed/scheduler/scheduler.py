@@ -35,7 +35,7 @@ class Scheduler:
         self.page_size = cfg.page_size
         self.allocator = PageAllocator(cfg.num_pages, cfg.page_size)
         self.cache = make_prefix_cache(cfg.cache, cfg.page_size, eviction_key)
-        self.rows = RowManager(policy.cfg.max_running, cfg.max_context, cfg.page_size)
+        self.rows = RowManager(cfg.limits.max_running, cfg.max_context, cfg.page_size)
         self.page_table = self.rows.page_table  # what the engine's batch builder reads
         self.kv = CacheManager(self.cache, self.allocator, self.rows)
         self.waiting: list[Request] = []  # WAITING and PREEMPTED, sorted by (arrival, rid)
@@ -93,16 +93,18 @@ class Scheduler:
         running = self.running
         if self.inflight_steps:
             running = [r for r in running if r.device_len < r.prompt_len + r.max_new_tokens]
+        limits = self.cfg.limits
         return StepView(now, self.step_id, ReadOnlySequence(self.waiting), ReadOnlySequence(running),
-                        self.page_size, self.cfg.num_pages, self.allocator.free_pages,
-                        self.cache.evictable_pages, self.num_preemptions, self.cache.peek_cost)
+                        limits.max_running, limits.max_step_tokens, self.page_size, self.cfg.num_pages,
+                        self.allocator.free_pages, self.cache.evictable_pages, self.num_preemptions,
+                        self.cache.peek_cost)
 
     def schedule(self, now: float) -> BatchPlan | None:
         """Plan and apply the next step, or None if there is nothing to run now."""
         view = self.view(now)
         plan = self.policy.make_plan(view)
         self._plan_stamp += 1  # a fresh mark for each plan checked (plans may come to nothing)
-        validate_plan(plan, self.rows.owners, self._plan_stamp)
+        validate_plan(plan, self.rows.owners, self._plan_stamp, self.cfg.limits.max_step_tokens)
         st = StepStats(self.step_id)
         for r in plan.preempt:
             self.prefill.preempt(r, now)

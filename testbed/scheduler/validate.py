@@ -8,14 +8,18 @@ class PlanError(ValueError):
     """A policy returned a plan the scheduler cannot apply (a bug in the policy)."""
 
 
-def validate_plan(plan: BatchPlan, owners: list[Request | None], stamp: int) -> None:
+def validate_plan(plan: BatchPlan, owners: list[Request | None], stamp: int, max_step_tokens: int) -> None:
     """Raise PlanError unless every item is a waiting request or a running one with tokens
-    left to compute, none twice, and every preemption a running request no step in flight
-    uses. owners: the row owners; stamp: a mark fresh for this plan. Costs O(plan):
-    membership by state and row, not by scanning queues."""
+    left to compute, none twice, the plan's tokens within max_step_tokens (what the engine's
+    step buffers hold), and every preemption a running request no step in flight uses.
+    owners: the row owners; stamp: a mark fresh for this plan. Costs O(plan): membership by
+    state and row, not by scanning queues."""
     reqs, ntoks = plan.reqs, plan.num_tokens
     if len(ntoks) != len(reqs):
         raise PlanError("plan.reqs and plan.num_tokens differ in length")
+    if sum(ntoks) > max_step_tokens:
+        raise PlanError(f"the plan holds {sum(ntoks)} tokens, more than a step may hold "
+                        f"(scheduler.max_step_tokens={max_step_tokens})")
     RUNNING = RequestState.RUNNING
     for r, n in zip(reqs, ntoks):
         if r.plan_stamp == stamp:

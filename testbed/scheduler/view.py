@@ -52,6 +52,8 @@ class StepView:
     step_id: int
     waiting: ReadOnlySequence  # WAITING and PREEMPTED, in (arrival, rid) order
     running: ReadOnlySequence  # RUNNING and schedulable, in admission order
+    max_running: int
+    max_step_tokens: int
     page_size: int
     total_pages: int
     free_pages: int

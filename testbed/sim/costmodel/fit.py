@@ -454,8 +454,9 @@ def fit_wake(rows: list[dict], fits: dict, max_graph: int) -> dict:
 # ---------------------------------------------------------------------- the profile
 def fa2_shape(spec, engine, num_sms: int) -> Fa2Shape | None:
     """The fa2 plan's inputs for a deployment, or None where its prefill steps run another
-    kernel (engine.attention other than flashinfer, or the fa3 template) or the SMs are unknown."""
-    if engine.attention != "flashinfer" or engine.prefill_backend != "fa2" or not num_sms:
+    kernel (engine.attention other than flashinfer, or the fa3 template) or the SMs are unknown.
+    engine.attention's null is flashinfer on CUDA: read resolved, as the engine does."""
+    if engine.resolved_attention() != "flashinfer" or engine.prefill_backend != "fa2" or not num_sms:
         return None
     return Fa2Shape(spec.num_q_heads // spec.num_kv_heads, spec.kv_heads_per_rank(engine.tp), int(num_sms),
                     engine.page_size)
@@ -467,7 +468,7 @@ def fit_profile(raw: dict, cfg, spec, name: str | None = None) -> dict:
     from testbed.sim.costmodel.calibrated import CalibratedCostModel
     from testbed.sim.costmodel.hardware import load_hardware
 
-    e, p = cfg.engine, cfg.policy
+    e, lim = cfg.engine, cfg.scheduler
     raw = round_samples(raw)
     sizes = list(raw["graph_sizes"])
     max_graph = sizes[-1] if sizes else 0
@@ -492,9 +493,10 @@ def fit_profile(raw: dict, cfg, spec, name: str | None = None) -> dict:
         "engine": {"tp": e.tp, "page_size": e.page_size, "attention": e.resolved_attention(), "kernels": e.kernels,
                    "dtype": e.dtype, "overlap": resolved_overlap(cfg), "cuda_graph_max_bs": e.cuda_graph_max_bs,
                    "graph_sizes": sizes, "num_pages": raw["num_pages"], "prefill_backend": e.prefill_backend,
-                   "decode_tensor_cores": e.decode_tensor_cores, "max_running": p.max_running,
-                   "max_prefill_tokens": p.max_prefill_tokens, "token_budget": p.token_budget,
-                   "piecewise_graphs": bool(pieces)},
+                   "decode_tensor_cores": e.decode_tensor_cores, "max_running": lim.max_running,
+                   "max_step_tokens": lim.max_step_tokens, "piecewise_graphs": bool(pieces)},
+        # the run's policy; the host workloads of the others ran at their defaults (assemble.scheduler_per_policy)
+        "policy": dataclasses.asdict(cfg.policy),
         "machine": raw["machine"],
         "timing": raw["timing"],
         "device": device,
