@@ -31,7 +31,7 @@ def main(argv):
     spec = assemble.model_spec(cfg)
     parts = assemble.engine_parts(cfg)
     graphs = parts.graphs
-    ex = EngineExecutor(parts.model, parts.device, cfg.policy.max_running, None, None, graphs, parts.pieces)
+    ex = EngineExecutor(parts.model, parts.device, cfg.scheduler.max_running, None, None, graphs, parts.pieces)
     cps = _sleep_cycles_per_s(parts.device)
     sizes = [s for s in SIZES if s in graphs.sizes]
     rows = []

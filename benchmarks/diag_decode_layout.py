@@ -86,7 +86,7 @@ def main(argv):
         driver.run()
         gc.unfreeze()
         dur = np.asarray(driver.steps.cols["duration_s"], float)
-        probe = EngineExecutor(parts.model, parts.device, cfg.policy.max_running, None, None, parts.graphs,
+        probe = EngineExecutor(parts.model, parts.device, cfg.scheduler.max_running, None, None, parts.graphs,
                                parts.pieces)
         cps = _sleep_cycles_per_s(parts.device) if parts.device.type == "cuda" else None
         empty = np.zeros(0, np.int64)

@@ -125,7 +125,9 @@ def refit(path: Path, out: Path | None, host_from: list[Path] = (), device_from:
         raw = {"device_samples": device, "host_samples": host,
                "graph_sizes": e["graph_sizes"], "piece_sizes": old["device"]["eager"].get("piece_sizes", []),
                "num_pages": e["num_pages"], "machine": old["machine"], "timing": old["timing"],
-               "decode_plan": (old["device"]["graph"] or {}).get("plan")}
+               # the split-KV plan: a property of the GPU and the kernel; older grids did not read it
+               "decode_plan": next((g["device"]["graph"]["plan"] for g in grids
+                                    if (g["device"]["graph"] or {}).get("plan")), None)}
         prof = fit_profile(raw, cfg, assemble.model_spec(cfg), name=old["name"])
         prof["fitted_on"] = __import__("datetime").date.today().isoformat()
         if host_from:
