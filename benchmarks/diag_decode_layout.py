@@ -3,6 +3,7 @@ sits? Runs fidelity cells on the engine, keeping a sample of its decode and mixe
 exactly as launched (their KV slots included), then re-times each as the profiler times a shape
 (device held busy until the step is enqueued) with its KV laid out four ways:
   served   the slots the step used in the run
+  pending  the same, its decode rows' input ids gathered from the last step's tokens, as in the run
   synth    the profiler's layout (synthetic_batch, the profiler's interleave), rows in batch order
   sorted   the profiler's layout, rows sorted by context (the profiler's spread/skewed shapes are)
   high     the profiler's layout moved up to the served batch's lowest slot
@@ -100,6 +101,10 @@ def main(argv):
                 return HostBatch(fb, empty, empty, rows_b, rows_b, np.zeros(len(ext), np.int64))
 
             served = host(ForwardBatch(**t, is_decode=is_decode, page_size=cfg.engine.page_size))
+            # as the step ran: every decode row's input id read from the last step's sampled tokens
+            pend = np.flatnonzero(ext == 1)
+            tok = (qo[1:] - 1)[pend].astype(np.int64)
+            pending = HostBatch(served.fb, tok, pend.astype(np.int64), rows_b, rows_b, np.zeros(len(ext), np.int64))
             synth = synthetic_host_batch(ext, ctx - ext, parts.slots, cfg.engine.page_size, spec.vocab_size,
                                          interleave=DECODE_INTERLEAVE)
             order = np.argsort(ctx, kind="stable")
@@ -114,7 +119,9 @@ def main(argv):
             row = {"cell": name, "step": step, "decode": bool(is_decode), "reqs": int(len(ext)),
                    "tokens": int(ext.sum()), "kv_tokens": int(ctx.sum()), "measured_s": float(dur[step]),
                    **st, "synth_layout": layout_stats(f.kv_indices.numpy(), kv)["consecutive"]}
-            for label, hb in (("served", served), ("synth", synth), ("sorted", srt), ("high", high)):
+            row["extend"], row["context"] = ext.tolist(), ctx.tolist()
+            for label, hb in (("served", served), ("pending", pending), ("synth", synth), ("sorted", srt),
+                              ("high", high)):
                 row[label + "_s"] = time_host_batch(probe, hb, 3, cps)["device_s"]
             rows.append(row)
             if cps is not None:
@@ -123,7 +130,7 @@ def main(argv):
             r = [x for x in rows if x["cell"] == name and x["decode"] == kind]
             if r:
                 med = {k: float(np.median([x[k + "_s"] / x["measured_s"] for x in r]))
-                       for k in ("served", "synth", "sorted", "high")}
+                       for k in ("served", "pending", "synth", "sorted", "high")}
                 print(f"{name} {'decode' if kind else 'mixed'}: {len(r)} steps re-timed; over measured, median: "
                       + ", ".join(f"{k} {v:.3f}" for k, v in med.items()), flush=True)
     if out:
