@@ -162,6 +162,9 @@ class ServeConfig:
     tokenizer_workers: int = 1  # tokenizer processes (requests go round robin)
     model_name: Optional[str] = None  # the name /v1/models lists and requests must give; null: model.name
     tokenizer: Optional[str] = None  # a directory with the tokenizer (and chat template); null: model.path
+    # run the KV integrity check each time the scheduler goes idle (/metrics: testbed_kv_idle_check_*;
+    # a failure makes /health 503); off: it sorts every page id of the pool, and a request arriving meanwhile waits
+    idle_kv_check: bool = False
 
     def validate(self) -> None:
         if not (1 <= self.port <= 65535):
