@@ -34,18 +34,18 @@ class HttpDriver:
         self._stop = None  # the exception a signal asked for
 
     def run(self) -> None:
-        from testbed.run import Terminated
-        old = signal.getsignal(signal.SIGTERM)
+        main_thread = threading.current_thread() is threading.main_thread()
+        old = signal.getsignal(signal.SIGTERM) if main_thread else None
         try:
             asyncio.run(self._main())
         except asyncio.CancelledError:  # SIGTERM cancelled the run
             if self._stop is None:
                 raise
         finally:
-            if threading.current_thread() is threading.main_thread():
+            if main_thread:
                 signal.signal(signal.SIGTERM, old)  # the loop's close left it at the default
-        if self._stop is not None:
-            raise Terminated
+        if self._stop is not None:  # now the handler that was there acts on it (testbed.run's: Terminated)
+            signal.raise_signal(signal.SIGTERM)
 
     def close(self) -> None:
         """Nothing outlives run(): its connections close with it."""
