@@ -54,8 +54,7 @@ class ClientRun:
     """backend=http: the trace's requests sent to a server; no scheduler or executor of ours."""
     spec: ModelSpec
     trace: Trace
-    records: list  # testbed.client.ClientRecord, one per trace request
-    driver: "HttpDriver"  # noqa: F821 (testbed.client)
+    driver: "HttpDriver"  # noqa: F821 (testbed.client; its records: one per trace request)
     info: dict  # the server and how it was driven, for summary.json
 
 
@@ -86,7 +85,7 @@ def build_client_run(cfg) -> ClientRun:
     driver = HttpDriver(url, records, bodies, b.max_concurrency, b.timeout_s)
     info = {"url": url, "model": model, "api": b.api, "prompt": b.prompt, "max_concurrency": b.max_concurrency,
             "ignore_eos": b.ignore_eos}
-    return ClientRun(spec, trace, records, driver, info)
+    return ClientRun(spec, trace, driver, info)
 
 
 def server_model(url: str) -> str:

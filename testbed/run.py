@@ -97,6 +97,7 @@ def _run(cfg: Config, out_dir: str, engine_parts, keep_ids, print_table) -> dict
 def drive(cfg: Config, out_dir: str, built, keep_ids=None, print_table: bool = True) -> dict:
     """Run a built run (testbed.assemble.Run) to its end and write what was done: a trace's
     replay, or a server's engine (its Run has no trace, and its requests grow as they arrive)."""
+    from testbed.timeline.records import request_row
     trace, requests, sched, driver, info = built.trace, built.requests, built.scheduler, built.driver, built.info
     keep_ids = False if cfg.backend.name == "sim" else (True if keep_ids is None else keep_ids)
     ran = _drive(cfg, driver, trace, len(requests))
@@ -109,9 +110,8 @@ def drive(cfg: Config, out_dir: str, built, keep_ids=None, print_table: bool = T
             ran.complete, ran.error = False, f"integrity check failed: {leak}"
     queued = {id(r) for r in sched.waiting}
     arrived = [r for r in requests if r.state.name != "WAITING" or id(r) in queued]  # not-yet-arrived ones are left out
-    extra = {**ran.head(cfg, trace, len(requests)), "kv": {**info, "integrity": integrity},
-             **ran.tail(len(driver.steps))}
-    summary = _write(cfg, out_dir, ran, arrived, driver.steps, extra, keep_ids, print_table)
+    extra = {**ran.fields(cfg, trace, len(requests), len(driver.steps)), "kv": {**info, "integrity": integrity}}
+    summary = _write(cfg, out_dir, ran, arrived, driver.steps, extra, keep_ids, request_row, print_table)
     if leak:
         raise IntegrityError(f"{leak}; the results are in {out_dir} (summary.json says which check failed)")
     return _raise_for(ran, out_dir, summary)
@@ -122,10 +122,10 @@ def drive_client(cfg: Config, out_dir: str, built, print_table: bool = True) -> 
     requests.parquet and summary.json from the client side (steps.parquet is empty: the server
     has the steps; there is no KV of ours to check)."""
     from testbed.client import client_row
-    driver = built.driver
-    ran = _drive(cfg, driver, built.trace, len(built.records))
-    extra = {**ran.head(cfg, built.trace, len(built.records)), "server": built.info, "kv": None, **ran.tail(None)}
-    summary = _write(cfg, out_dir, ran, driver.arrived, driver.steps, extra, False, print_table, client_row)
+    driver, n = built.driver, len(built.driver.records)
+    ran = _drive(cfg, driver, built.trace, n)
+    extra = {**ran.fields(cfg, built.trace, n, None), "server": built.info, "kv": None}
+    summary = _write(cfg, out_dir, ran, driver.arrived, driver.steps, extra, False, client_row, print_table)
     return _raise_for(ran, out_dir, summary)
 
 
@@ -139,15 +139,14 @@ class _Ran:
         self.t0 = time.perf_counter()
         self.wall = 0.0
 
-    def head(self, cfg: Config, trace, n: int) -> dict:
+    def fields(self, cfg: Config, trace, n: int, steps: int | None) -> dict:
+        """summary.json's account of the run (n requests; steps: None for a client, which has none)."""
         return {"backend": cfg.backend.name,
                 "trace": ({"name": trace.name, "notes": trace.notes, "over_context": trace.over_context,
                            "num_requests": n, "rows": trace.rows, "rows_left_out": trace.rows_left_out,
                            "synthesized_arrivals": trace.synthesized_arrivals}
-                          if trace is not None else {"name": "served", "num_requests": n})}
-
-    def tail(self, steps: int | None) -> dict:
-        return {"started_at": self.started_at.isoformat(), "wall_time_s": self.wall,
+                          if trace is not None else {"name": "served", "num_requests": n}),
+                "started_at": self.started_at.isoformat(), "wall_time_s": self.wall,
                 "steps_per_wall_s": steps / self.wall if steps is not None and self.wall else None}
 
 
@@ -182,16 +181,16 @@ def _drive(cfg: Config, driver, trace, n: int) -> _Ran:
     return ran
 
 
-def _write(cfg: Config, out_dir: str, ran: _Ran, rows, steps, extra: dict, keep_ids, print_table: bool, *row) -> dict:
-    """The run's files (a signal meanwhile waits for them) and its table; row: write_run's."""
+def _write(cfg: Config, out_dir: str, ran: _Ran, reqs, steps, extra: dict, keep_ids, row, print_table: bool) -> dict:
+    """The run's files (a signal meanwhile waits for them) and its table; row: a request's row (write_run's)."""
     from testbed.timeline import write_run
     from testbed.timeline.writer import WriteError
     extra = {"complete": ran.complete, "error": ran.error, **extra}  # after the end-of-run check
     unwritten = None
     with _signals_wait_for_the_write():
         try:
-            summary = write_run(out_dir, rows, steps, OmegaConf.to_container(OmegaConf.structured(cfg)),
-                                extra, keep_ids, cfg.slo, *row)
+            summary = write_run(out_dir, reqs, steps, OmegaConf.to_container(OmegaConf.structured(cfg)),
+                                extra, keep_ids, cfg.slo, row)
         except WriteError as e:  # the metrics are printed all the same
             summary, unwritten = e.summary, e
     if print_table:

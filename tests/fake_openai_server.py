@@ -2,8 +2,8 @@
 /v1/completions as vLLM does, and misbehaves on cue, by the prompt's first token id:
 1 -> HTTP 500 with an OpenAI error; 2 -> hangs after its first chunk until the client goes;
 3 -> closes the connection mid-stream; 4 -> an error event mid-stream; else it streams
-max_tokens chunks, DELAY_S apart, then usage. GET /stats: requests seen and the most in
-flight at once. Run: python tests/fake_openai_server.py PORT"""
+max_tokens chunks, DELAY_S apart, then usage. GET /stats: requests seen, completed, hanging,
+and the most in flight at once. Run: python tests/fake_openai_server.py PORT"""
 from __future__ import annotations
 
 import asyncio
@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 DELAY_S = 0.02
 app = FastAPI()
-stats = {"requests": 0, "in_flight": 0, "max_in_flight": 0, "hanging": 0}
+stats = {"requests": 0, "in_flight": 0, "max_in_flight": 0, "hanging": 0, "completed": 0}
 
 
 def sse(obj) -> str:
@@ -66,6 +66,7 @@ async def completions(http: Request):
                        "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": n,
                                  "total_tokens": len(body["prompt"]) + n}})
             yield "data: [DONE]\n\n"
+            stats["completed"] += 1
         finally:
             stats["in_flight"] -= 1
     return StreamingResponse(events(), media_type="text/event-stream")
