@@ -1,7 +1,7 @@
 """A stand-in OpenAI-compatible server for the client's tests (backend=http): it streams
 /v1/completions as vLLM does, and misbehaves on cue, by the prompt's first token id:
 1 -> HTTP 500 with an OpenAI error; 2 -> hangs after its first chunk until the client goes;
-3 -> closes the connection mid-stream; 4 -> an error event mid-stream; else it streams
+3 -> closes the connection mid-stream; 4 -> an error event mid-stream; else (a text prompt too) it streams
 max_tokens chunks, DELAY_S apart, then usage. GET /stats: requests seen, completed, hanging,
 and the most in flight at once. Run: python tests/fake_openai_server.py PORT"""
 from __future__ import annotations
@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 DELAY_S = 0.02
 app = FastAPI()
-stats = {"requests": 0, "in_flight": 0, "max_in_flight": 0, "hanging": 0, "completed": 0}
+stats = {"requests": 0, "in_flight": 0, "max_in_flight": 0, "hanging": 0, "completed": 0, "text_prompts": []}
 
 
 def sse(obj) -> str:
@@ -37,7 +37,10 @@ async def get_stats():
 async def completions(http: Request):
     body = await http.json()
     stats["requests"] += 1
-    cue, n = body["prompt"][0], body["max_tokens"]
+    prompt, n = body["prompt"], body["max_tokens"]
+    if isinstance(prompt, str):  # a text prompt is served as it comes
+        stats["text_prompts"].append(prompt)
+    cue = prompt[0] if isinstance(prompt, list) else 0
     if cue == 1:
         return JSONResponse({"error": {"message": "the fake server failed", "type": "server_error"}}, 500)
     rid = f"cmpl-fake-{stats['requests']}"

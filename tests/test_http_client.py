@@ -114,3 +114,22 @@ def test_a_signal_mid_run_writes_what_came(fake, tmp_path, sig, code, error):
     assert summary["complete"] is False and summary["error"] == error
     assert list(req["state"]) == ["FINISHED", "RUNNING"]  # the third had not arrived
     assert not pd.isna(req["first_token_s"][1]) and req["output_tokens"][1] == 0
+
+
+def test_text_prompts_are_the_ids_decoded(fake, tmp_path):
+    pytest.importorskip("transformers")
+    from engine_fixtures import save_byte_tokenizer
+    save_byte_tokenizer(tmp_path / "tok")
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(str(tmp_path / "tok" / "tokenizer.json"))
+    ids = tok.encode("héllo 世界").ids
+    path = tmp_path / "trace.csv"
+    pd.DataFrame({"prompt_ids": [json.dumps(ids)], "output_tokens": [4], "arrival_s": [0.0]}).to_csv(path, index=False)
+    p = subprocess.run(replay_args(fake, path, tmp_path / "out", "backend.prompt=text",
+                                   f"backend.tokenizer={tmp_path / 'tok'}"), cwd=ROOT, env=ENV, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert httpx.get(fake + "/stats").json()["text_prompts"] == ["héllo 世界"]
+    _, req = results(tmp_path / "out")
+    # the server's usage count (the fake counts characters: 8), not the trace's 13 byte tokens
+    assert list(req["state"]) == ["FINISHED"] and list(req["prompt_tokens"]) == [len("héllo 世界")] != [len(ids)]
