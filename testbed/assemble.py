@@ -49,6 +49,59 @@ def build_run(cfg, engine_parts=None) -> Run:
     return Run(spec, trace, requests, sched, driver, info)
 
 
+@dataclass
+class ClientRun:
+    """backend=http: the trace's requests sent to a server; no scheduler or executor of ours."""
+    spec: ModelSpec
+    trace: Trace
+    driver: "HttpDriver"  # noqa: F821 (testbed.client; its records: one per trace request)
+    info: dict  # the server and how it was driven, for summary.json
+
+
+def build_client_run(cfg) -> ClientRun:
+    """The trace (its token ids within the vocabulary and context of the model config, which
+    should be the server's) as request bodies for the server at backend.url."""
+    from testbed.client import ClientRecord, HttpDriver
+    from testbed.client.prompts import PATHS, load_decoder, request_body
+    b = cfg.backend
+    spec = model_spec(cfg)
+    trace = trace_for(cfg, spec)
+    model = b.model or server_model(b.url)
+    decode = load_decoder(b.tokenizer) if b.prompt == "text" else None
+    e = cfg.engine
+    records, bodies = [], []
+    for t in trace.requests:
+        rec = ClientRecord(t.rid, t.prompt_len, t.output_len, t.arrival_s, t.priority)
+        records.append(rec)
+        if t.prompt_ids is None:  # over the context (trace.over_context=reject): its ids were never made
+            rec.state, rec.finish_reason = "REJECTED", "rejected"
+            rec.reject_reason = f"prompt of {t.prompt_len} tokens over the context of {spec.name} ({spec.max_context})"
+            bodies.append(None)
+            continue
+        prompt = decode(t.prompt_ids) if decode else [int(i) for i in t.prompt_ids]
+        sampling = SamplingParams(e.temperature, e.top_k, e.top_p, seed=t.rid)
+        bodies.append(request_body(b.api, model, prompt, t.output_len, sampling, b.ignore_eos))
+    url = b.url.rstrip("/") + PATHS[b.api]
+    driver = HttpDriver(url, records, bodies, b.max_concurrency, b.timeout_s)
+    info = {"url": url, "model": model, "api": b.api, "prompt": b.prompt, "max_concurrency": b.max_concurrency,
+            "ignore_eos": b.ignore_eos}
+    return ClientRun(spec, trace, driver, info)
+
+
+def server_model(url: str) -> str:
+    """The first model a server's /v1/models lists (what a request names when backend.model is null)."""
+    import httpx
+    try:
+        r = httpx.get(url.rstrip("/") + "/v1/models", timeout=30)
+        r.raise_for_status()
+        return str(r.json()["data"][0]["id"])
+    except httpx.HTTPError as e:
+        raise ValueError(f"backend.url={url!r}: its /v1/models did not answer ({type(e).__name__}: {e}); "
+                         f"is the server up? (or give backend.model=NAME)") from None
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise ValueError(f"backend.url={url!r}: its /v1/models lists no model; give backend.model=NAME") from None
+
+
 def build_server_run(cfg, spec: ModelSpec, feed, driver_class) -> Run:
     """The engine fed by a server's messages instead of a trace (testbed.serve): the same
     scheduler and executor as a replay, a driver of driver_class over the feed."""

@@ -17,7 +17,9 @@ from testbed.scheduler.config import SchedulerLimits
 from testbed.sim.costmodel.base import COST_MODELS
 from testbed.traces import TRACES, TraceConfig
 
-BACKENDS = ("sim", "engine")
+BACKENDS = ("sim", "engine", "http")
+HTTP_APIS = ("completions", "chat")
+HTTP_PROMPTS = ("ids", "text")
 DTYPES = ("bfloat16", "float16", "float32")
 
 
@@ -37,7 +39,38 @@ def _bad(key, value, allowed):
 
 @dataclass
 class BackendConfig:
-    name: str = "sim"  # sim: the SimPy simulator and a cost model; engine: the real engine
+    name: str = "sim"  # sim: the SimPy simulator and a cost model; engine: the real engine; http: a server's client
+
+
+@dataclass
+class HttpBackendConfig(BackendConfig):
+    """backend=http: replay the trace against an OpenAI-compatible server (testbed/client)."""
+    name: str = "http"
+    url: Optional[str] = None  # the server, http://HOST:PORT (the API's paths are added: /v1/completions)
+    model: Optional[str] = None  # the model name requests give; null: the first of the server's /v1/models
+    api: str = "completions"  # completions (/v1/completions) | chat (/v1/chat/completions: text prompts)
+    prompt: str = "ids"  # ids: the trace's token ids as the prompt (completions only) | text: decoded by tokenizer
+    tokenizer: Optional[str] = None  # prompt=text: a tokenizer.json (or the folder holding one) to decode the ids
+    max_concurrency: Optional[int] = None  # requests in flight at most (the rest wait for a slot); null: no cap
+    ignore_eos: bool = True  # send ignore_eos and min_tokens = max_tokens (the trace's output length exactly)
+    timeout_s: float = 600.0  # a request fails when the server sends nothing for this long (connect, read)
+
+    def validate(self) -> None:
+        if not self.url or not str(self.url).startswith(("http://", "https://")):
+            _bad("backend.url", self.url, "the server's address, http://HOST:PORT")
+        if self.api not in HTTP_APIS:
+            _bad("backend.api", self.api, ", ".join(HTTP_APIS))
+        if self.prompt not in HTTP_PROMPTS:
+            _bad("backend.prompt", self.prompt, ", ".join(HTTP_PROMPTS))
+        if self.api == "chat" and self.prompt == "ids":
+            _bad("backend.prompt", self.prompt, "text with backend.api=chat (a chat message is text)")
+        if self.prompt == "text" and not self.tokenizer:
+            _bad("backend.tokenizer", self.tokenizer, "a tokenizer.json or its folder, to turn the trace's ids "
+                 "into text (backend.prompt=text)")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            _bad("backend.max_concurrency", self.max_concurrency, "null (no cap) or an integer >= 1")
+        if not self.timeout_s > 0:
+            _bad("backend.timeout_s", self.timeout_s, "a number of seconds > 0")
 
 
 @dataclass
@@ -129,6 +162,9 @@ class ServeConfig:
     tokenizer_workers: int = 1  # tokenizer processes (requests go round robin)
     model_name: Optional[str] = None  # the name /v1/models lists and requests must give; null: model.name
     tokenizer: Optional[str] = None  # a directory with the tokenizer (and chat template); null: model.path
+    # run the KV integrity check each time the scheduler goes idle (/metrics: testbed_kv_idle_check_*;
+    # a failure makes /health 503); off: it sorts every page id of the pool, and a request arriving meanwhile waits
+    idle_kv_check: bool = False
 
     def validate(self) -> None:
         if not (1 <= self.port <= 65535):
@@ -198,6 +234,7 @@ def register_schema() -> None:
         OmegaConf.register_new_resolver("swept", swept_dirname)
     store = ConfigStore.instance()
     store.store(name="config_schema", node=Config)
+    store.store(group="schema/backend", name="http", node=HttpBackendConfig)  # conf/backend/http.yaml: its types
     for name in POLICIES.names():
         store.store(group="policy", name=name, node=POLICIES.get(name).config(name=name))
     for group, registry in (("eviction", EVICTIONS), ("cache", PREFIX_CACHES)):
@@ -219,6 +256,8 @@ def check(cfg: Config) -> None:
     try:
         if cfg.backend.name not in BACKENDS:
             _bad("backend", cfg.backend.name, ", ".join(BACKENDS))
+        if isinstance(cfg.backend, HttpBackendConfig):
+            cfg.backend.validate()
         cfg.engine.validate()
         cfg.slo.validate()
         cfg.serve.validate()

@@ -38,6 +38,7 @@ def knobs(cls=None, prefix: str = "") -> list[tuple[str, str]]:
         from testbed.config import Config
         cls = Config
     from policies import PolicyConfig
+    from testbed.config import BackendConfig
     hints, docs, out = typing.get_type_hints(cls), _docs(cls), []
     for f in dataclasses.fields(cls):
         t = hints[f.name]
@@ -45,6 +46,8 @@ def knobs(cls=None, prefix: str = "") -> list[tuple[str, str]]:
             out += knobs(t, f"{prefix}{f.name}.")
             if t is PolicyConfig:
                 out += policy_knobs(f"{prefix}{f.name}.")
+            if t is BackendConfig:
+                out += http_knobs(f"{prefix}{f.name}.")
         elif t is not typing.Any:  # Any: a group's own yaml (hardware, costmodel)
             out.append((prefix + f.name, docs.get(f.name, "")))
     return out
@@ -61,6 +64,14 @@ def policy_knobs(prefix: str = "policy.") -> list[tuple[str, str]]:
         for k in own_knobs(cls):
             by_knob.setdefault(k, []).append(f"policy={name} ({defaults[k]}): {docs[k]}" if k in docs else None)
     return [(prefix + k, "" if None in v else "; ".join(v)) for k, v in sorted(by_knob.items())]
+
+
+def http_knobs(prefix: str = "backend.") -> list[tuple[str, str]]:
+    """(dotted key, help) of backend=http's own settings, with their defaults there."""
+    from testbed.config import BackendConfig, HttpBackendConfig
+    docs, base = _docs(HttpBackendConfig), {f.name for f in dataclasses.fields(BackendConfig)}
+    return [(prefix + f.name, f"backend=http ({'null' if f.default is None else str(f.default).lower()}): "
+             f"{docs.get(f.name, '')}") for f in dataclasses.fields(HttpBackendConfig) if f.name not in base]
 
 
 def _defaults(keys) -> dict[str, object]:
@@ -93,7 +104,7 @@ def render() -> str:
               "conf/hardware and conf/costmodel):"]
     rows = knobs()
     defaults = _defaults([k for k, _ in rows])
-    by_policy = {k for k, _ in policy_knobs()}  # their defaults are the policies', in the help
+    by_policy = {k for k, _ in policy_knobs() + http_knobs()}  # their defaults are in the help: a policy's, http's
     width = max(len(k) for k, _ in rows)
     for key, doc in rows:
         v = defaults[key]

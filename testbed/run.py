@@ -87,84 +87,126 @@ def run(cfg: Config, out_dir: str, engine_parts=None, keep_ids: bool | None = No
 
 def _run(cfg: Config, out_dir: str, engine_parts, keep_ids, print_table) -> dict:
     from testbed import assemble
+    if cfg.backend.name == "http":
+        if engine_parts is not None:
+            raise ValueError("engine parts are for backend=engine")
+        return drive_client(cfg, out_dir, assemble.build_client_run(cfg), print_table)
     return drive(cfg, out_dir, assemble.build_run(cfg, engine_parts), keep_ids, print_table)
 
 
 def drive(cfg: Config, out_dir: str, built, keep_ids=None, print_table: bool = True) -> dict:
     """Run a built run (testbed.assemble.Run) to its end and write what was done: a trace's
     replay, or a server's engine (its Run has no trace, and its requests grow as they arrive)."""
-    from testbed.progress import Progress
-    from testbed.timeline import write_run
-    from testbed.timeline.writer import WriteError
-
+    from testbed.timeline.records import request_row
     trace, requests, sched, driver, info = built.trace, built.requests, built.scheduler, built.driver, built.info
+    keep_ids = False if cfg.backend.name == "sim" else (True if keep_ids is None else keep_ids)
+    ran = _drive(cfg, driver, trace, len(requests))
+    driver.executor.fill_predictions(driver.steps)  # the engine's per-step predictions, out of its timed loop
+    integrity = leak = None
+    if ran.complete:
+        integrity = sched.check_integrity()
+        if integrity["in_use"]:  # the results are written first, then the failed check is reported
+            leak = f"KV leak after the run: {integrity}"
+            ran.complete, ran.error = False, f"integrity check failed: {leak}"
+    queued = {id(r) for r in sched.waiting}
+    arrived = [r for r in requests if r.state.name != "WAITING" or id(r) in queued]  # not-yet-arrived ones are left out
+    extra = {**ran.fields(cfg, trace, len(requests), len(driver.steps)), "kv": {**info, "integrity": integrity}}
+    summary = _write(cfg, out_dir, ran, arrived, driver.steps, extra, keep_ids, request_row, print_table)
+    if leak:
+        raise IntegrityError(f"{leak}; the results are in {out_dir} (summary.json says which check failed)")
+    return _raise_for(ran, out_dir, summary)
+
+
+def drive_client(cfg: Config, out_dir: str, built, print_table: bool = True) -> dict:
+    """backend=http: the client's replay (testbed.assemble.ClientRun) to its end, and its
+    requests.parquet and summary.json from the client side (steps.parquet is empty: the server
+    has the steps; there is no KV of ours to check)."""
+    from testbed.client import client_row
+    driver, n = built.driver, len(built.driver.records)
+    ran = _drive(cfg, driver, built.trace, n)
+    extra = {**ran.fields(cfg, built.trace, n, None), "server": built.info, "kv": None}
+    summary = _write(cfg, out_dir, ran, driver.arrived, driver.steps, extra, False, client_row, print_table)
+    return _raise_for(ran, out_dir, summary)
+
+
+class _Ran:
+    """How a driver's run ended: complete or why not, the signal to raise again once the
+    files are written, the wall clock at its start and its length."""
+
+    def __init__(self):
+        self.complete, self.error, self.stop = True, None, None
+        self.started_at = datetime.datetime.now(datetime.timezone.utc)  # the wall clock at t=0 of the timelines
+        self.t0 = time.perf_counter()
+        self.wall = 0.0
+
+    def fields(self, cfg: Config, trace, n: int, steps: int | None) -> dict:
+        """summary.json's account of the run (n requests; steps: None for a client, which has none)."""
+        return {"backend": cfg.backend.name,
+                "trace": ({"name": trace.name, "notes": trace.notes, "over_context": trace.over_context,
+                           "num_requests": n, "rows": trace.rows, "rows_left_out": trace.rows_left_out,
+                           "synthesized_arrivals": trace.synthesized_arrivals}
+                          if trace is not None else {"name": "served", "num_requests": n}),
+                "started_at": self.started_at.isoformat(), "wall_time_s": self.wall,
+                "steps_per_wall_s": steps / self.wall if steps is not None and self.wall else None}
+
+
+def _drive(cfg: Config, driver, trace, n: int) -> _Ran:
+    """driver.run() with a progress bar; Ctrl-C, SIGTERM or an error end it, noted on the result."""
+    from testbed.progress import Progress
     for note in trace.notes if trace is not None else ():
         log.info("trace: %s", note)
-    keep_ids = False if cfg.backend.name == "sim" else (True if keep_ids is None else keep_ids)
     # Everything built so far (requests, their token ids, the model) lives for the whole run:
     # take it out of the cyclic GC's view so collections stay short (no multi-ms pauses mid-run).
     gc.collect()
     gc.freeze()
-    progress = Progress(len(requests), cfg.progress, label=cfg.backend.name)
+    progress = Progress(n, cfg.progress, label=cfg.backend.name)
     driver.progress = progress
-    t0 = time.perf_counter()
-    complete, error = True, None
-    stop = None  # the signal's exception, raised again once what was done is written
     if trace is not None:
-        log.info("running %d requests on %s", len(requests), cfg.backend.name)
-    started_at = datetime.datetime.now(datetime.timezone.utc)  # the wall clock at t=0 of the timelines
+        log.info("running %d requests on %s", n, cfg.backend.name)
+    ran = _Ran()
     try:
         with _signal_handlers({signal.SIGTERM: _raise_terminated}):  # SIGTERM stops the run as Ctrl-C does
             driver.run()
     except KeyboardInterrupt:
-        complete, error, stop = False, "interrupted (Ctrl-C)", KeyboardInterrupt
+        ran.complete, ran.error, ran.stop = False, "interrupted (Ctrl-C)", KeyboardInterrupt
     except Terminated:
-        complete, error, stop = False, "terminated (SIGTERM)", Terminated
+        ran.complete, ran.error, ran.stop = False, "terminated (SIGTERM)", Terminated
     except Exception as e:  # keep what is done, then report
-        complete, error = False, f"{type(e).__name__}: {e}"
+        ran.complete, ran.error = False, f"{type(e).__name__}: {e}"
     finally:
         gc.unfreeze()  # later runs in this process (the fidelity experiment) collect as usual
         progress.close()
         driver.close()  # stops the TP ranks
-    wall = time.perf_counter() - t0
-    driver.executor.fill_predictions(driver.steps)  # the engine's per-step predictions, out of its timed loop
-    integrity = leak = None
-    if complete:
-        integrity = sched.check_integrity()
-        if integrity["in_use"]:  # the results are written first, then the failed check is reported
-            leak = f"KV leak after the run: {integrity}"
-            complete, error = False, f"integrity check failed: {leak}"
-    queued = {id(r) for r in sched.waiting}
-    arrived = [r for r in requests if r.state.name != "WAITING" or id(r) in queued]  # not-yet-arrived ones are left out
-    extra = {
-        "complete": complete, "error": error, "backend": cfg.backend.name,
-        "trace": ({"name": trace.name, "notes": trace.notes, "over_context": trace.over_context,
-                   "num_requests": len(requests), "rows": trace.rows, "rows_left_out": trace.rows_left_out,
-                   "synthesized_arrivals": trace.synthesized_arrivals}
-                  if trace is not None else {"name": "served", "num_requests": len(requests)}),
-        "kv": {**info, "integrity": integrity},
-        "started_at": started_at.isoformat(),
-        "wall_time_s": wall, "steps_per_wall_s": len(driver.steps) / wall if wall else None,
-    }
+    ran.wall = time.perf_counter() - ran.t0
+    return ran
+
+
+def _write(cfg: Config, out_dir: str, ran: _Ran, reqs, steps, extra: dict, keep_ids, row, print_table: bool) -> dict:
+    """The run's files (a signal meanwhile waits for them) and its table; row: a request's row (write_run's)."""
+    from testbed.timeline import write_run
+    from testbed.timeline.writer import WriteError
+    extra = {"complete": ran.complete, "error": ran.error, **extra}  # after the end-of-run check
     unwritten = None
     with _signals_wait_for_the_write():
         try:
-            summary = write_run(out_dir, arrived, driver.steps, OmegaConf.to_container(OmegaConf.structured(cfg)),
-                                extra, keep_ids, cfg.slo)
+            summary = write_run(out_dir, reqs, steps, OmegaConf.to_container(OmegaConf.structured(cfg)),
+                                extra, keep_ids, cfg.slo, row)
         except WriteError as e:  # the metrics are printed all the same
             summary, unwritten = e.summary, e
     if print_table:
         print_summary(summary, out_dir)
     if unwritten is not None:
-        if not error:
+        if not ran.error:
             raise unwritten
         print(f"error: {unwritten}", file=sys.stderr)  # beside the stop that is reported below
-    if stop is not None:
-        raise stop
-    if leak:
-        raise IntegrityError(f"{leak}; the results are in {out_dir} (summary.json says which check failed)")
-    if error:
-        raise RuntimeError(f"run stopped early ({error}); the finished requests are in {out_dir}")
+    if ran.stop is not None:
+        raise ran.stop
+    return summary
+
+
+def _raise_for(ran: _Ran, out_dir: str, summary: dict) -> dict:
+    if ran.error:
+        raise RuntimeError(f"run stopped early ({ran.error}); the finished requests are in {out_dir}")
     return summary
 
 
@@ -179,7 +221,7 @@ def print_summary(summary: dict, out_dir: str) -> None:
                   + (f" of {t['rows']:,} rows ({t['rows_left_out']:,} left out by trace.num_requests)"
                      if t.get("rows_left_out") else "")),
         ("requests", f"{m['completed']} finished, {m['rejected']} rejected, {m['aborted']} aborted, "
-                     f"{m['unfinished']} unfinished"),
+                     + (f"{m['errors']} failed (HTTP), " if m.get("errors") else "") + f"{m['unfinished']} unfinished"),
         ("duration", f(m["duration_s"], "{:,.2f} s") + (" (simulated)" if summary["backend"] == "sim" else "")),
         ("throughput", f"{f(m['request_throughput'], '{:.2f}')} req/s, "
                        f"{f(m['output_throughput'])} output tok/s, {f(m['total_token_throughput'])} tok/s"),
@@ -187,7 +229,8 @@ def print_summary(summary: dict, out_dir: str) -> None:
         ("TPOT ms", f"mean {f(m['mean_tpot_ms'])}  median {f(m['median_tpot_ms'])}  p99 {f(m['p99_tpot_ms'])}"),
         ("ITL ms", f"mean {f(m['mean_itl_ms'])}  p99 {f(m['p99_itl_ms'])}"),
         ("E2E ms", f"mean {f(m['mean_e2e_latency_ms'])}  p99 {f(m['p99_e2e_latency_ms'])}"),
-        ("prefix hits", f"{m['prefix_cache_hit_rate']:.1%} of prompt tokens; {m['preemptions']} preemptions"),
+        ("prefix hits", f"{f(m['prefix_cache_hit_rate'], '{:.1%}')} of prompt tokens; {f(m['preemptions'], '{}')} "
+                        "preemptions" + (" (the server's; not seen by a client)" if m['preemptions'] is None else "")),
         ("wall time", f"{summary['wall_time_s']:.2f} s, {f(summary['steps_per_wall_s'], '{:,.0f}')} steps/s"),
     ]
     if "goodput" in m:

@@ -102,6 +102,39 @@ def save_byte_tokenizer(out: Path) -> int:
     return len(vocab)
 
 
+def save_cycling_chat_model(out: Path, text: str, lead_in: str = "\n") -> list[int]:
+    """save_tiny_chat_model's model with weights set so that greedy decoding repeats `text`'s
+    bytes: after the token of byte i of text comes byte i+1's (cyclically), and after
+    `lead_in`'s byte (the chat template's last) text's first. The layers add
+    nothing to the residual stream (zero output projections), the embeddings of text's bytes
+    are orthogonal, and each one's lm_head row scores the next byte. Returns text's ids (its
+    bytes must be distinct)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    save_tiny_chat_model(out)
+    tok = AutoTokenizer.from_pretrained(out)
+    ids = tok(text)["input_ids"]
+    lead = tok(lead_in)["input_ids"]
+    assert len(ids) == len(text.encode()) == len(set(ids)), "text's bytes must be distinct, one token each"
+    assert len(lead) == 1 and lead[0] not in ids, "lead_in: one byte, not one of text's"
+    model = AutoModelForCausalLM.from_pretrained(out).float().eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        emb, head = model.model.embed_tokens.weight, model.lm_head.weight
+        head.zero_()
+        for i, tok in enumerate(ids):
+            emb[tok] = 0.0
+            emb[tok, i] = 1.0
+            head[ids[(i + 1) % len(ids)], i] = 10.0
+        emb[lead[0]] = 0.0
+        emb[lead[0], len(ids)] = 1.0
+        head[ids[0], len(ids)] = 10.0
+    model.save_pretrained(out)
+    return ids
+
+
 def save_tiny_chat_model(out: Path) -> Path:
     """A tiny random Llama whose vocabulary is the byte tokenizer's, both in one directory."""
     import torch

@@ -17,7 +17,7 @@ def runs(draw):
     rows = []
     for rid in range(n):
         arrival = draw(st.floats(0, 50))
-        state = draw(st.sampled_from(["FINISHED"] * 4 + ["REJECTED", "ABORTED", "RUNNING"]))
+        state = draw(st.sampled_from(["FINISHED"] * 4 + ["REJECTED", "ABORTED", "FAILED", "RUNNING"]))
         if state != "FINISHED":
             rows.append({"rid": rid, "state": state, "arrival_s": arrival, "finish_s": None, "prompt_tokens": 10,
                          "output_tokens": 0, "prefix_cached_tokens": 0, "preemptions": 0, "queue_s": None,
@@ -68,7 +68,7 @@ def test_vllm_names_and_definitions(req):
     done = req[req["state"] == "FINISHED"]
     assert m["completed"] == len(done) and m["failed"] == len(req) - len(done)
     assert m["completed"] + m["failed"] == m["num_requests"]
-    assert m["failed"] == m["rejected"] + m["aborted"] + m["unfinished"]
+    assert m["failed"] == m["rejected"] + m["aborted"] + m["errors"] + m["unfinished"]
     if not len(done):
         assert m["mean_ttft_ms"] is None and m["std_e2el_ms"] is None
         return

@@ -32,7 +32,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
-    s = Server(model_dir, tmp_path_factory.mktemp("served") / "run", "engine.num_pages=4096")
+    s = Server(model_dir, tmp_path_factory.mktemp("served") / "run", "engine.num_pages=4096", "serve.idle_kv_check=true")
     yield s
     s.kill()
 
@@ -154,9 +154,16 @@ def test_a_client_gone_aborts_its_request_and_frees_its_kv(server):
         assert any(g.startswith("data: ") for g in got)
         m = server.metrics()
         assert m["testbed_num_requests_running"] == 1 and m["testbed_kv_pages_used"] > 0
+        checks = m.get("testbed_kv_idle_checks_total", 0)  # those run before it started (not idle since)
     # closed mid-stream: the scheduler aborts it and its pages are free (none held by a request)
     wait_for(lambda: (m := server.metrics())["testbed_num_requests_running"] == 0
              and m["testbed_kv_pages_used"] == 0, 30, "the aborted request's KV to be freed")
+    # idle again: the scheduler's integrity check ran (serve.idle_kv_check) and found every page in one place
+    m = wait_for(lambda: (m := server.metrics()).get("testbed_kv_idle_checks_total", 0) > checks and m, 30,
+                 "the KV integrity check at idle after the abort")
+    assert m["testbed_kv_idle_check_ok"] == 1 and m["testbed_kv_idle_check_pages_in_use"] == 0, m
+    assert m["testbed_kv_pages_free"] + m["testbed_kv_pages_cached"] == m["testbed_kv_pages_total"]
+    assert httpx.get(server.url + "/health").json() == {"status": "ok"}
 
 
 def test_fifty_concurrent_streams_complete(server):

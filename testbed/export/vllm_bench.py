@@ -119,7 +119,7 @@ def vllm_result(run: RunData, percentiles=DEFAULT_PERCENTILES, detailed: bool = 
         "started_at": run.started.isoformat(), "started_at_source": run.started_from,
         "request_rate_source": rate_source, "offered_rate": _finite_or_none(offered_rate(req)),
         "slo": slo, "slo_attainment": m.get("slo_attainment"),
-        "rejected": m["rejected"], "aborted": m["aborted"], "unfinished": m["unfinished"],
+        "rejected": m["rejected"], "aborted": m["aborted"], "errors": m["errors"], "unfinished": m["unfinished"],
         "times": "seconds from run start, simulated" if run.backend == "sim" else "seconds from run start, wall clock",
     }
     return out

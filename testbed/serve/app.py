@@ -51,6 +51,8 @@ class ServerState:
             if isinstance(msg, TextBatch):
                 if msg.stats is not None:
                     self.metrics.stats = msg.stats
+                    if msg.stats.kv_check is not None:
+                        self.metrics.kv_check = msg.stats.kv_check
                 outs = msg.outs
             else:  # an ErrorOut from a tokenizer
                 outs = [msg]
@@ -202,6 +204,10 @@ def make_app(state: ServerState) -> FastAPI:
     async def health():
         if state.failed:
             return JSONResponse({"status": "failed", "error": state.failed}, status_code=503)
+        c = state.metrics.kv_check
+        if c is not None and not c.ok:
+            return JSONResponse({"status": "failed", "error": f"KV integrity check at idle failed: {c.error}"},
+                                status_code=503)
         return {"status": "ok"}
 
     @app.get("/v1/models")

@@ -11,13 +11,15 @@ import zmq
 
 from testbed.core import Request, RequestState
 from testbed.engine.driver import RealtimeDriver
-from testbed.serve.messages import Abort, SchedulerStats, Shutdown, TokenBatch, TokenizedReq, TokenOut
+from testbed.kv.integrity import IntegrityError
+from testbed.serve.messages import Abort, KVCheck, SchedulerStats, Shutdown, TokenBatch, TokenizedReq, TokenOut
 
 POLL_S = 1.0  # an idle wait looks this often whether the launcher is still there
 
 
 class MessageFeed:
-    def __init__(self, inbox: zmq.Socket, outbox: zmq.Socket, eos_token_ids: tuple[int, ...]):
+    def __init__(self, inbox: zmq.Socket, outbox: zmq.Socket, eos_token_ids: tuple[int, ...],
+                 idle_kv_check: bool = False):
         self.inbox = inbox  # TokenizedReq, Abort, Shutdown
         self.outbox = outbox  # TokenBatch to the detokenizer
         self.eos = tuple(eos_token_ids)
@@ -30,6 +32,10 @@ class MessageFeed:
         self.launcher_gone = False
         self.parent = os.getppid()
         self._sched = None
+        self.idle_kv_check = idle_kv_check  # check the KV pool each time the scheduler goes idle
+        self.kv_checks = 0
+        self._events = 0  # batches sent: something happened since the last idle check
+        self._checked_at = -1
 
     # ---- the step loop's Feed -----------------------------------------------------------
     def admit(self, sched, now: float) -> None:
@@ -105,15 +111,34 @@ class MessageFeed:
     def _forget(self, rid: int) -> None:
         del self.live[rid], self.sent[rid]
 
-    def _send(self, outs: list, sched) -> None:
+    def _send(self, outs: list, sched, kv_check: KVCheck | None = None) -> None:
         kv = sched.kv
         stats = SchedulerStats(len(sched.running), len(sched.waiting), kv.owned_pages, sched.cache.cached_pages,
-                               sched.allocator.free_pages, sched.cfg.num_pages)
+                               sched.allocator.free_pages, sched.cfg.num_pages, kv_check)
         self.outbox.send_pyobj(TokenBatch(outs, stats))
+        self._events += 1
+
+    def _check_idle_kv(self) -> None:
+        """Once per idle spell (nothing live, nothing in flight, something happened since the
+        last check): the scheduler's KV integrity check, its result to /metrics."""
+        sched = self._sched
+        if (not self.idle_kv_check or sched is None or self._events == self._checked_at or sched.running
+                or sched.waiting or sched.inflight_steps):
+            return
+        self.kv_checks += 1
+        try:
+            in_use = sched.check_integrity()["in_use"]
+            check = KVCheck(self.kv_checks, in_use == 0, in_use,
+                            None if in_use == 0 else f"{in_use} KV pages held by requests with none live")
+        except IntegrityError as e:
+            check = KVCheck(self.kv_checks, False, None, str(e))
+        self._send([], sched, check)
+        self._checked_at = self._events
 
     # ---- the driver's idle wait ---------------------------------------------------------
     def wait(self, seconds: float) -> None:
         """Until a message arrives or `seconds` pass; a launcher gone is a shutdown."""
+        self._check_idle_kv()
         deadline = time.monotonic() + seconds
         while not self.stopping:
             left = deadline - time.monotonic()

@@ -52,6 +52,15 @@ class Shutdown:
 
 
 @dataclass
+class KVCheck:
+    """The KV integrity check the scheduler ran when it went idle (serve.idle_kv_check)."""
+    number: int  # checks run so far, this one included
+    ok: bool  # every page in one place, and none held by a request (none is live)
+    in_use: int | None  # pages held by requests (0 unless leaked); None when the check itself failed
+    error: str | None = None
+
+
+@dataclass
 class SchedulerStats:
     """The scheduler's state after its latest event, for /metrics."""
     running: int
@@ -60,6 +69,7 @@ class SchedulerStats:
     pages_cached: int
     pages_free: int
     num_pages: int
+    kv_check: KVCheck | None = None  # the check run just now, if one was
 
 
 @dataclass

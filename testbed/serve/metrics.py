@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import bisect
 
-from testbed.serve.messages import SchedulerStats
+from testbed.serve.messages import KVCheck, SchedulerStats
 
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -40,6 +40,7 @@ class ServerMetrics:
                               TTFT_BUCKETS)
         self.itl = Histogram("inter_token_latency_seconds", "time between a request's output tokens", ITL_BUCKETS)
         self.stats: SchedulerStats | None = None
+        self.kv_check: KVCheck | None = None  # the latest idle KV check (serve.idle_kv_check)
         self.finished: dict[str, int] = {}  # finish reason -> requests
         self.prompt_tokens = 0
         self.generation_tokens = 0
@@ -60,6 +61,12 @@ class ServerMetrics:
         metric("prompt_tokens_total", "counter", "prompt tokens of finished requests", self.prompt_tokens)
         metric("generation_tokens_total", "counter", "tokens generated for finished requests",
                self.generation_tokens)
+        if self.kv_check is not None:
+            c = self.kv_check
+            metric("kv_idle_checks_total", "counter", "KV integrity checks run when the scheduler went idle", c.number)
+            metric("kv_idle_check_ok", "gauge", "the latest idle KV check passed (1) or failed (0)", int(c.ok))
+            metric("kv_idle_check_pages_in_use", "gauge", "KV pages held by requests at the latest idle check "
+                   "(0 unless leaked; -1: the check itself failed)", -1 if c.in_use is None else c.in_use)
         name = f"{PREFIX}requests_finished_total"
         lines += [f"# HELP {name} requests ended, by finish reason", f"# TYPE {name} counter"]
         lines += [f'{name}{{finish_reason="{k}"}} {v}' for k, v in sorted(self.finished.items())]

@@ -21,7 +21,8 @@ def run(cfg, ch: Channels, out_dir: str, ready) -> None:
     cfg = dataclasses.replace(cfg, progress=False)  # a server has no total to count towards
     spec = assemble.model_spec(cfg)
     ctx = zmq.Context()
-    feed = MessageFeed(pull(ctx, ch.scheduler), push(ctx, ch.detokenizer), spec.eos_token_ids)
+    feed = MessageFeed(pull(ctx, ch.scheduler), push(ctx, ch.detokenizer), spec.eos_token_ids,
+                       cfg.serve.idle_kv_check)
     built = assemble.build_server_run(cfg, spec, feed, ServingDriver)
     ready()
     try:

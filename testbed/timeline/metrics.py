@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-STATES_DONE = ("FINISHED", "REJECTED", "ABORTED")
+STATES_DONE = ("FINISHED", "REJECTED", "ABORTED", "FAILED")
 PERCENTILES = (90, 99)  # besides the median
 
 
@@ -74,9 +74,10 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame | None = None, slo_ttf
     out = {
         "num_requests": int(len(requests)),
         "completed": int(len(done)),
-        "failed": int(len(requests) - len(done)),  # arrived and did not finish: rejected, aborted, unfinished
+        "failed": int(len(requests) - len(done)),  # arrived and did not finish: rejected, aborted, errors, unfinished
         "rejected": int((requests["state"] == "REJECTED").sum()),
         "aborted": int((requests["state"] == "ABORTED").sum()),
+        "errors": int((requests["state"] == "FAILED").sum()),  # backend=http: HTTP / connection errors, timeouts
         "unfinished": int((~ended).sum()),
     }
     end = float(done["finish_s"].max()) if len(done) else 0.0
@@ -96,9 +97,12 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame | None = None, slo_ttf
     for metric in ("ttft", "tpot", "itl", "e2el", "queue"):
         out.update(latency_stats(metric, samples[metric]))
     out.update({k.replace("_e2el_", "_e2e_latency_"): v for k, v in out.items() if "_e2el_" in k and "std" not in k})
-    hits = int(done["prefix_cached_tokens"].sum())
-    out["prefix_cache_hit_rate"] = hits / prompt if prompt else 0.0
-    out["preemptions"] = int(requests["preemptions"].sum())
+    if len(requests) and requests["preemptions"].isna().all():  # a client's run (backend=http): not known
+        out["prefix_cache_hit_rate"] = out["preemptions"] = None
+    else:
+        hits = int(done["prefix_cached_tokens"].sum())
+        out["prefix_cache_hit_rate"] = hits / prompt if prompt else 0.0
+        out["preemptions"] = int(requests["preemptions"].sum())
     out["request_goodput"] = None  # vLLM writes null when no SLO is given
     if any(s is not None for s in (slo_ttft_ms, slo_tpot_ms, slo_e2e_ms)):
         good = int(slo_met(done, slo_ttft_ms, slo_tpot_ms, slo_e2e_ms).sum())

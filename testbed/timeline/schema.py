@@ -5,8 +5,10 @@ import pyarrow as pa
 
 REQUESTS_SCHEMA = pa.schema([
     ("rid", pa.int64()),
-    ("state", pa.string()),  # FINISHED / ABORTED / REJECTED / (WAITING, RUNNING, PREEMPTED if cut short)
-    ("finish_reason", pa.string()),  # length / eos / abort / rejected
+    # FINISHED / ABORTED / REJECTED / FAILED (backend=http: an HTTP or connection error, a timeout) /
+    # (WAITING, RUNNING, PREEMPTED if cut short)
+    ("state", pa.string()),
+    ("finish_reason", pa.string()),  # length / eos / abort / rejected; backend=http: the server's (length / stop), error
     ("reject_reason", pa.string()),
     ("priority", pa.int64()),
     ("arrival_s", pa.float64()),
@@ -28,6 +30,8 @@ REQUESTS_SCHEMA = pa.schema([
     ("e2e_s", pa.float64()),
     ("token_times_s", pa.list_(pa.float64())),  # one per output token
     ("output_ids", pa.list_(pa.int64())),  # engine: the generated ids; simulator: null
+    ("error", pa.string()),  # backend=http: why a FAILED request failed; else null
+    ("response_id", pa.string()),  # backend=http: the id the server gave the response; else null
 ])
 
 STEPS_SCHEMA = pa.schema([

@@ -40,8 +40,9 @@ class StepLog:
         return pa.table(self.cols, schema=STEPS_SCHEMA)
 
 
-def requests_table(reqs, keep_output_ids: bool) -> pa.Table:
-    rows = [request_row(r, keep_output_ids) for r in sorted(reqs, key=lambda r: r.rid)]
+def requests_table(reqs, keep_output_ids: bool, row=request_row) -> pa.Table:
+    """row: a request's row (request_row for the scheduler's ledger, testbed.client's client_row)."""
+    rows = [row(r, keep_output_ids) for r in sorted(reqs, key=lambda r: r.rid)]
     return pa.Table.from_pylist(rows, schema=REQUESTS_SCHEMA)
 
 
@@ -72,14 +73,14 @@ class WriteError(RuntimeError):
 
 
 def write_run(out_dir: str | os.PathLike, reqs, steps: StepLog, config: dict, extra: dict,
-              keep_output_ids: bool, slo=None) -> dict:
+              keep_output_ids: bool, slo=None, row=request_row) -> dict:
     """Write the three files; returns the summary dict. A file that cannot be written is left
     out (no partial file: each is written to a temporary name and renamed) and the others are
     still written; then WriteError names it and why, with the summary dict as `.summary`.
-    slo: the run's SLOConfig (goodput and SLO attainment), or None."""
+    slo: the run's SLOConfig (goodput and SLO attainment), or None. row: as requests_table's."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    rt = requests_table(reqs, keep_output_ids)
+    rt = requests_table(reqs, keep_output_ids, row)
     st = steps.table()
     failed: dict[str, str] = {}  # file -> why it could not be written
 
