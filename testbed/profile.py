@@ -66,7 +66,7 @@ def main(argv=None) -> int:
         raw = run_profile(assemble.engine_settings(cfg, spec), spec, assemble.scheduler_per_policy(cfg, spec),
                           repeats=repeats, quick=quick, policies=policies,
                           host_requests=int(own["host_requests"]) if own["host_requests"] else None)
-        prof = fit_profile(raw, cfg, spec, name=out.stem)
+        prof = fit_profile(raw, deployment(cfg, spec), spec, prefill_plan(cfg, spec, raw), name=out.stem)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -74,6 +74,32 @@ def main(argv=None) -> int:
     print(report(prof))
     print(f"written {path}")
     return 0
+
+
+def deployment(cfg, spec) -> dict:
+    """What a profile records of the deployment it measured (its model, hardware, engine
+    settings, limits and policy): the config stops here, the fit takes this record."""
+    import dataclasses
+
+    from testbed.config import resolved_overlap
+    from testbed.sim.costmodel.fit import MODEL_FIELDS
+    e, lim = cfg.engine, cfg.scheduler
+    return {
+        "model": {"name": cfg.model.name, **{f: getattr(spec, f) for f in MODEL_FIELDS}, "weights": cfg.model.weights},
+        "hardware": dict(cfg.hardware),
+        "engine": {"tp": e.tp, "page_size": e.page_size, "attention": e.resolved_attention(), "kernels": e.kernels,
+                   "dtype": e.dtype, "overlap": resolved_overlap(cfg), "cuda_graph_max_bs": e.cuda_graph_max_bs,
+                   "prefill_backend": e.prefill_backend, "decode_tensor_cores": e.decode_tensor_cores,
+                   "max_running": lim.max_running, "max_step_tokens": lim.max_step_tokens},
+        "policy": dataclasses.asdict(cfg.policy),
+    }
+
+
+def prefill_plan(cfg, spec, raw: dict):
+    """The fa2 prefill plan's inputs of the measured deployment (its GPU's SMs as the profiler
+    read them, else the hardware config's), or None."""
+    from testbed.sim.costmodel.fit import fa2_shape
+    return fa2_shape(spec, cfg.engine, raw["machine"].get("gpu_sms") or dict(cfg.hardware).get("num_sms", 0))
 
 
 def recorded_limits_and_policy(prof: dict) -> list[str]:
@@ -128,7 +154,8 @@ def refit(path: Path, out: Path | None, host_from: list[Path] = (), device_from:
                # the split-KV plan: a property of the GPU and the kernel; older grids did not read it
                "decode_plan": next((g["device"]["graph"]["plan"] for g in grids
                                     if (g["device"]["graph"] or {}).get("plan")), None)}
-        prof = fit_profile(raw, cfg, assemble.model_spec(cfg), name=old["name"])
+        spec = assemble.model_spec(cfg)
+        prof = fit_profile(raw, deployment(cfg, spec), spec, prefill_plan(cfg, spec, raw), name=old["name"])
         prof["fitted_on"] = __import__("datetime").date.today().isoformat()
         if host_from:
             prof["host_machines"] = starts  # the machine starts whose host workloads were fitted

@@ -462,21 +462,20 @@ def fa2_shape(spec, engine, num_sms: int) -> Fa2Shape | None:
                     engine.page_size)
 
 
-def fit_profile(raw: dict, cfg, spec, name: str | None = None) -> dict:
-    """The profile dict (calibrated.load_profile reads it back) from run_profile's output."""
-    from testbed.config import resolved_overlap
+def fit_profile(raw: dict, deployment: dict, spec, fa: Fa2Shape | None, name: str | None = None) -> dict:
+    """The profile dict (calibrated.load_profile reads it back) from run_profile's output and the
+    deployment it measured (testbed.profile.deployment: model, hardware, engine, policy records);
+    fa: the fa2 plan's inputs of its prefill kernel (fa2_shape), or None."""
     from testbed.sim.costmodel.calibrated import CalibratedCostModel
     from testbed.sim.costmodel.hardware import load_hardware
 
-    e, lim = cfg.engine, cfg.scheduler
     raw = round_samples(raw)
     sizes = list(raw["graph_sizes"])
     max_graph = sizes[-1] if sizes else 0
     dev = raw["device_samples"]
     pieces = list(raw.get("piece_sizes", []))
-    hw = dict(cfg.hardware)
-    fa = fa2_shape(spec, e, raw["machine"].get("gpu_sms") or hw.get("num_sms", 0))
-    device = {"graph": fit_graph(dev, sizes, raw.get("decode_plan")) if sizes else None, "eager": fit_eager(dev, max_graph, pieces, fa),
+    device = {"graph": fit_graph(dev, sizes, raw.get("decode_plan")) if sizes else None,
+              "eager": fit_eager(dev, max_graph, pieces, fa),
               "range": {k: int(max(d[k] for d in dev)) for k in ("reqs", "tokens", "kv_tokens")}}
     hrows = raw["host_samples"]
     by_policy = sorted({r["policy"] for r in hrows})
@@ -488,15 +487,12 @@ def fit_profile(raw: dict, cfg, spec, name: str | None = None) -> dict:
         "format": PROFILE_FORMAT,
         "name": name,
         "fitted_on": _dt.date.today().isoformat(),
-        "model": {"name": cfg.model.name, **{f: getattr(spec, f) for f in MODEL_FIELDS}, "weights": cfg.model.weights},
-        "hardware": hw,
-        "engine": {"tp": e.tp, "page_size": e.page_size, "attention": e.resolved_attention(), "kernels": e.kernels,
-                   "dtype": e.dtype, "overlap": resolved_overlap(cfg), "cuda_graph_max_bs": e.cuda_graph_max_bs,
-                   "graph_sizes": sizes, "num_pages": raw["num_pages"], "prefill_backend": e.prefill_backend,
-                   "decode_tensor_cores": e.decode_tensor_cores, "max_running": lim.max_running,
-                   "max_step_tokens": lim.max_step_tokens, "piecewise_graphs": bool(pieces)},
+        "model": deployment["model"],
+        "hardware": deployment["hardware"],
+        "engine": deployment["engine"] | {"graph_sizes": sizes, "num_pages": raw["num_pages"],
+                                          "piecewise_graphs": bool(pieces)},
         # the run's policy; the host workloads of the others ran at their defaults (assemble.scheduler_per_policy)
-        "policy": dataclasses.asdict(cfg.policy),
+        "policy": deployment["policy"],
         "machine": raw["machine"],
         "timing": raw["timing"],
         "device": device,
@@ -504,7 +500,7 @@ def fit_profile(raw: dict, cfg, spec, name: str | None = None) -> dict:
         "samples": {"device": dev, "host": {k: [r.get(k) for r in hrows] for k in dict.fromkeys(
             k for r in hrows for k in r)}},
     }
-    model = CalibratedCostModel(spec, load_hardware(hw), profile=prof, policy="all")
+    model = CalibratedCostModel(spec, load_hardware(deployment["hardware"]), profile=prof, policy="all")
     prof["fit_error"] = fit_errors(model, prof)
     return prof
 
