@@ -5,7 +5,7 @@ the same metrics; whether the files are also byte-identical is reported beside. 
 that renames settings, --rename OLD=NEW translates the base tree's overrides to this tree's.
 
     git worktree add --detach ../base main
-    python benchmarks/sim_compare.py --base ../base [--requests 50] [--rename policy.x=scheduler.x]
+    python benchmarks/sim_compare.py --base ../base [--requests 50] [--rename policy.x=scheduler.x] [--added-columns a,b]
 
 Exits 1 when any run differs (or fails in one tree only).
 """
@@ -50,19 +50,23 @@ def run_in(tree: Path, overrides: list[str], out: Path) -> str | None:
     return None
 
 
-def compare(a: Path, b: Path) -> list[str]:
-    """What differs between two run directories (empty: nothing)."""
+def compare(a: Path, b: Path, added: tuple[str, ...] = ()) -> list[str]:
+    """What differs between two run directories (empty: nothing); `added`: columns only the
+    second may have (a schema that grew), left out of the comparison."""
     diffs = []
     for name in FILES:
         fa, fb = pd.read_parquet(a / name), pd.read_parquet(b / name)
+        fb = fb.drop(columns=[c for c in added if c in fb.columns and c not in fa.columns])
         if list(fa.columns) != list(fb.columns):
             diffs.append(f"{name}: columns {sorted(set(fa.columns) ^ set(fb.columns))} in one only")
         elif not fa.equals(fb):
             rows = len(fa) if len(fa) != len(fb) else int((fa != fb).any(axis=1).sum())
             diffs.append(f"{name}: {rows} rows differ ({len(fa)} vs {len(fb)} rows)")
     ma, mb = (json.loads((d / "summary.json").read_text())["metrics"] for d in (a, b))
-    if ma != mb:
-        diffs.append(f"summary metrics differ: {sorted(k for k in ma.keys() | mb.keys() if ma.get(k) != mb.get(k))}")
+    # a metric this tree added is no difference; one it dropped or changed is
+    changed = sorted(k for k in ma if k not in mb or ma[k] != mb[k])
+    if changed:
+        diffs.append(f"summary metrics differ: {changed}")
     return diffs
 
 
@@ -72,6 +76,8 @@ def main(argv=None) -> int:
     ap.add_argument("--requests", type=int, default=50, help="trace.num_requests of every run")
     ap.add_argument("--rename", action="append", default=[], metavar="OLD=NEW",
                     help="a setting's name in the base tree and in this one")
+    ap.add_argument("--added-columns", default="", metavar="A,B",
+                    help="columns this tree's files added (compared without them)")
     ap.add_argument("--keep", type=Path, help="keep the run directories here (default: a temporary one)")
     a = ap.parse_args(argv)
     try:
@@ -93,7 +99,7 @@ def main(argv=None) -> int:
                 same = errs[0] == errs[1]
                 verdict = f"both fail: {errs[0]}" if same else f"FAILS: base {errs[0]!r}, this {errs[1]!r}"
             else:
-                diffs = compare(*dirs)
+                diffs = compare(*dirs, tuple(c for c in a.added_columns.split(",") if c))
                 same = not diffs
                 identical = all((dirs[0] / f).read_bytes() == (dirs[1] / f).read_bytes() for f in FILES)
                 verdict = ("row-equal, " + ("byte-identical" if identical else "bytes differ")) if same else \
