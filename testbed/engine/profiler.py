@@ -317,7 +317,7 @@ def decode_plan(graphs, spec, page_size: int, device) -> dict | None:
     model's decode-graph load, sim/costmodel/decode_plan.py): the blocks one launch spreads over
     the SMs, its padded batch times the KV heads, as the smallest graph's plan reads. None where
     decode runs another kernel (tensor cores, torch) or the plan does not split."""
-    if graphs is None or device.type != "cuda" or getattr(graphs.backend, "_tensor_cores", True):
+    if graphs is None or device.type != "cuda" or getattr(graphs.backend, "decode_tensor_cores", True):
         return None
     info = getattr(graphs.wrappers[graphs.sizes[0]], "_plan_info", None)
     if info is None or len(info) != 10 or not info[9]:  # DecodePlanInfo: padded batch first, split_kv last

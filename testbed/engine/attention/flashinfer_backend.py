@@ -100,6 +100,11 @@ class FlashInferAttentionBackend(AttentionBackend):
         self._layer_call = None
         self._recorded = False
 
+    @property
+    def decode_tensor_cores(self) -> bool:
+        """Whether decode runs flashinfer's tensor-core (prefill) kernel rather than its CUDA-core one."""
+        return self._tensor_cores
+
     def _options(self) -> dict:
         return dict(sm_scale=self.sm_scale, q_data_type=self.dtype, kv_data_type=self.pool.dtype)
 
