@@ -202,7 +202,7 @@ def test_tp_shards_heads_and_replicates_kv():
     q = spec("qwen3_0_6b")  # 16 q heads, 8 kv heads
     cm16 = make_cost_model("roofline", q, "h200", {"tp": 16})
     assert cm16.heads_per_rank == (1, 1)  # kv heads replicated
-    with pytest.raises(ValueError, match=r"costmodel.tp=3 .*allowed: \[1, 2, 4, 8"):
+    with pytest.raises(ValueError, match=r"engine.tp=3 .*allowed: \[1, 2, 4, 8"):
         make_cost_model("roofline", LLAMA8, "h200", {"tp": 3})
 
 

@@ -88,7 +88,7 @@ class CalibratedConfig:
         if not isinstance(self.check, bool):
             raise ValueError(f"costmodel.check={self.check!r} is invalid; allowed: true or false")
         if isinstance(self.tp, bool) or not isinstance(self.tp, int) or self.tp < 1:
-            raise ValueError(f"costmodel.tp={self.tp!r} is invalid; allowed: an integer >= 1")
+            raise ValueError(f"engine.tp={self.tp!r} is invalid; allowed: an integer >= 1")
         if isinstance(self.host_scale, bool) or not isinstance(self.host_scale, (int, float)) \
                 or not math.isfinite(self.host_scale) or self.host_scale <= 0:
             raise ValueError(f"costmodel.host_scale={self.host_scale!r} is invalid; allowed: a number > 0")

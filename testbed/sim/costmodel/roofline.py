@@ -103,7 +103,7 @@ class RooflineConfig:
                 )
             setattr(self, key, float(v))
         if isinstance(self.tp, bool) or not isinstance(self.tp, int) or self.tp < 1:
-            raise ValueError(f"costmodel.tp={self.tp!r} is invalid; allowed: an integer >= 1")
+            raise ValueError(f"engine.tp={self.tp!r} is invalid; allowed: an integer >= 1")
 
 
 def allowed_tp(spec: ModelSpec, limit: int = 64) -> list[int]:
@@ -121,7 +121,7 @@ class RooflineCostModel:
         tp = cfg.tp
         if tp not in allowed_tp(spec, limit=max(64, tp)):
             raise ValueError(
-                f"costmodel.tp={tp} is invalid for {spec.name or spec.architecture} "
+                f"engine.tp={tp} is invalid for {spec.name or spec.architecture} "
                 f"(q_heads={spec.num_q_heads}, kv_heads={spec.num_kv_heads}, "
                 f"intermediate={spec.intermediate_size}); allowed: {allowed_tp(spec)}"
             )
