@@ -237,7 +237,8 @@ def test_config_validation(key, value, allowed):
     with pytest.raises(ValueError) as e:
         RooflineConfig(**{key: value})
     msg = str(e.value)
-    assert f"costmodel.{key}=" in msg and repr(value) in msg and allowed in msg
+    setting = "engine.tp" if key == "tp" else f"costmodel.{key}"  # the TP degree is engine.tp's
+    assert f"{setting}=" in msg and repr(value) in msg and allowed in msg
     with pytest.raises(ValueError, match="unknown key"):
         cm8(eff=0.5)
 
