@@ -116,23 +116,21 @@ def sampling(temperature, top_p, top_k, seed) -> SamplingParams:
         raise ApiError(400, str(e), next((p for p in ("temperature", "top_p", "top_k") if p in str(e)), None)) from None
 
 
-def _stops(stop) -> tuple[str, ...]:
-    return (stop,) if isinstance(stop, str) else tuple(stop or ())
+def _sampling_args(b) -> dict:
+    """The GenerateReq arguments every API's sampling fields give (b: _Sampling or GenerateSampling)."""
+    return {"sampling": sampling(b.temperature, b.top_p, b.top_k, b.seed),
+            "stop": (b.stop,) if isinstance(b.stop, str) else tuple(b.stop or ()), "ignore_eos": b.ignore_eos}
 
 
 def completion_req(rid: int, b: CompletionBody) -> GenerateReq:
     text, ids = (b.prompt, None) if isinstance(b.prompt, str) else (None, b.prompt)
     return GenerateReq(rid, text=text, input_ids=ids, max_tokens=b.max_tokens,
-                       default_max_tokens=COMPLETION_MAX_TOKENS,
-                       sampling=sampling(b.temperature, b.top_p, b.top_k, b.seed), stop=_stops(b.stop),
-                       ignore_eos=b.ignore_eos)
+                       default_max_tokens=COMPLETION_MAX_TOKENS, **_sampling_args(b))
 
 
 def chat_req(rid: int, b: ChatBody) -> GenerateReq:
     return GenerateReq(rid, messages=[m.as_template_input() for m in b.messages],
-                       max_tokens=b.max_completion_tokens or b.max_tokens,
-                       sampling=sampling(b.temperature, b.top_p, b.top_k, b.seed), stop=_stops(b.stop),
-                       ignore_eos=b.ignore_eos)
+                       max_tokens=b.max_completion_tokens or b.max_tokens, **_sampling_args(b))
 
 
 def generate_req(rid: int, b: GenerateBody) -> GenerateReq:
@@ -140,6 +138,4 @@ def generate_req(rid: int, b: GenerateBody) -> GenerateReq:
         raise ApiError(400, "give exactly one of text and input_ids", "text")
     s = b.sampling_params
     return GenerateReq(rid, text=b.text, input_ids=b.input_ids, max_tokens=s.max_new_tokens,
-                       default_max_tokens=GENERATE_MAX_TOKENS,
-                       sampling=sampling(s.temperature, s.top_p, s.top_k, s.seed), stop=_stops(s.stop),
-                       ignore_eos=s.ignore_eos)
+                       default_max_tokens=GENERATE_MAX_TOKENS, **_sampling_args(s))
