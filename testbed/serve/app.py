@@ -5,6 +5,7 @@ before its request has ended aborts it (the scheduler frees its KV)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from contextlib import asynccontextmanager
@@ -85,6 +86,10 @@ class ServerState:
                              "model", "model_not_found")
 
 
+#: put in a job's queue when its client goes away: the queue is the one thing a job waits on
+GONE = object()
+
+
 class Job:
     """One request in progress: its outputs arrive in `queue`; `next()` waits for the next one
     or for the client to go away (ClientGone)."""
@@ -96,20 +101,27 @@ class Job:
         self.t_last: float | None = None
         self.tokens = 0
         self.ended = False
+        self._held = None  # taken from the queue but not merged: what next() returns next
         self.gone = asyncio.ensure_future(self._disconnect(http))
 
-    @staticmethod
-    async def _disconnect(http: Request) -> None:
+    async def _disconnect(self, http: Request) -> None:
         while (await http.receive())["type"] != "http.disconnect":  # the body is read already
             pass
+        self.queue.put_nowait(GONE)
 
     async def next(self) -> TextOut | ErrorOut:
-        get = asyncio.ensure_future(self.queue.get())
-        done, _ = await asyncio.wait({get, self.gone}, return_when=asyncio.FIRST_COMPLETED)
-        if get not in done:
-            get.cancel()
+        """The next output; when several have queued (the stream fell behind the engine), their
+        text as one output, as vLLM's server merges what its consumer has not taken yet: at
+        saturation one event per token per request is more than one process can write."""
+        out, self._held = (self._held, None) if self._held is not None else (await self.queue.get(), None)
+        while isinstance(out, TextOut) and out.finish_reason is None and not self.queue.empty():
+            nxt = self.queue.get_nowait()
+            if not isinstance(nxt, TextOut):  # an error or GONE: the text before it goes first
+                self._held = nxt
+                break
+            out = dataclasses.replace(nxt, text=out.text + nxt.text)
+        if out is GONE:
             raise ClientGone
-        out = get.result()
         if isinstance(out, ErrorOut):
             self.ended = True
         else:

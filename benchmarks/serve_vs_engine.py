@@ -1,0 +1,208 @@
+"""The serving layer's own cost: one trace at several request rates, run in-process
+(`backend=engine`, the engine loaded once) and replayed over HTTP (`backend=http`) against
+`python -m testbed.serve` with the same model and engine settings; TTFT, ITL, TPOT, E2E and
+throughput side by side, and per request the client's TTFT / E2E over the server's own
+(the server's requests.parquet, written when it is stopped; matched by response id). Each
+rate gets a fresh server, as each in-process run starts with an empty prefix cache.
+
+    python benchmarks/serve_vs_engine.py --rates 6,13,25 --seconds 15 --out DIR -- \
+        model=qwen3_0_6b model.weights=dummy serve.tokenizer=TOKDIR [policy=...] [engine.*=...]
+
+Each rate's run has rate x --seconds requests (--requests N: that many at every rate);
+--rates trace uses the trace's own arrival times. The two sides run one after the other, never
+at once (they would share the device). Writes DIR/serve_vs_engine.json and a table; every run's
+files stay under DIR. Exits 1 when a run fails, or a replay has errors or unfinished requests or finishes another
+number than the in-process run.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+METRICS = ("output_throughput", "request_throughput", "mean_ttft_ms", "median_ttft_ms", "p90_ttft_ms",
+           "mean_itl_ms", "median_itl_ms", "p90_itl_ms", "mean_tpot_ms", "median_tpot_ms", "mean_e2el_ms",
+           "median_e2el_ms", "p90_e2el_ms")
+SERVER_START_S = 900  # model load and the engine's warm-up of every step kind
+SERVER_ONLY = ("serve.",)  # overrides the in-process run does not take
+
+
+def child_env() -> dict:
+    """This tree first on the path, and whatever the caller's PYTHONPATH held (a --target site)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def trace_overrides(rate: str, n: int) -> list[str]:
+    return [f"trace.num_requests={n}"] + ([] if rate == "trace" else [f"trace.rate={rate}"])
+
+
+def run_in_process(overrides: list[str], plan: list[tuple[str, int]], out: Path) -> dict:
+    """Every rate on one model load, as the fidelity experiment's engine side does."""
+    import torch
+
+    from testbed import assemble
+    from testbed.config import compose
+    from testbed.run import run
+
+    own = [o for o in overrides if not o.startswith(SERVER_ONLY)]
+    parts, result = None, {}
+    try:
+        for rate, n in plan:
+            cfg = compose(own + ["backend=engine", "progress=false"] + trace_overrides(rate, n))
+            parts = parts or assemble.engine_parts(cfg)
+            s = run(cfg, str(out / f"engine_{rate}"), engine_parts=parts, keep_ids=False, print_table=False)
+            result[rate] = s["metrics"]
+            print(f"engine   rate {rate}: {s['metrics']['completed']} of {n} done, "
+                  f"{s['metrics']['output_throughput']:.0f} tok/s", flush=True)
+    finally:
+        parts = None  # the server loads its own engine on the same device next
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return result
+
+
+class Server:
+    def __init__(self, overrides: list[str], out: Path):
+        import httpx
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = out.parent / f"{out.name}.log"
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "testbed.serve", *overrides, f"serve.port={self.port}", f"hydra.run.dir={out}"],
+            cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT, env=child_env())
+        deadline = time.monotonic() + SERVER_START_S
+        while True:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"the server exited with {self.proc.returncode}; its log: {self.log_path}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                self.kill()
+                raise SystemExit(f"the server did not answer /health in {SERVER_START_S} s; its log: {self.log_path}")
+            time.sleep(0.5)
+
+    def stop(self, timeout: float = 300) -> int:
+        """Ctrl-C: the server writes its requests.parquet / steps.parquet / summary.json."""
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self._log.close()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+
+
+def replay(url: str, overrides: list[str], rate: str, n: int, out: Path) -> dict:
+    """python -m testbed.run backend=http, as a user runs it; its summary's metrics."""
+    own = [o for o in overrides if not o.startswith(SERVER_ONLY)]
+    d = out / f"http_{rate}"
+    p = subprocess.run([sys.executable, "-m", "testbed.run", *own, "backend=http", f"backend.url={url}",
+                        "progress=false", f"hydra.run.dir={d}", *trace_overrides(rate, n)],
+                       cwd=ROOT, env=child_env(), capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"backend=http at rate {rate} failed ({p.returncode}):\n{p.stderr[-2000:]}")
+    m = json.loads((d / "summary.json").read_text())["metrics"]
+    print(f"http     rate {rate}: {m['completed']} of {n} done, {m['output_throughput']:.0f} tok/s", flush=True)
+    return m
+
+
+def client_over_server(out: Path, rate: str) -> dict:
+    """The server's own metrics of the requests the replay sent, and the client's TTFT and E2E
+    over the server's for each request (ms: HTTP, tokenizer and detokenizer)."""
+    import numpy as np
+    import pandas as pd
+
+    from testbed.timeline.metrics import summarize
+
+    served = pd.read_parquet(out / f"served_{rate}" / "requests.parquet")
+    served["response_id"] = [f"cmpl-{rid}" for rid in served["rid"]]
+    client = pd.read_parquet(out / f"http_{rate}" / "requests.parquet")
+    client = client[client["response_id"].notna()]  # those the server took (the rest: over the context)
+    both = client.merge(served, on="response_id", suffixes=("_client", "_server"), validate="one_to_one")
+    if len(both) != len(client) or len(both) != len(served):
+        raise SystemExit(f"rate {rate}: the client's {len(client)} requests and the server's {len(served)} "
+                         f"match {len(both)} times")
+    ttft = (both["ttft_s_client"] - both["ttft_s_server"]).to_numpy() * 1e3
+    e2e = (both["e2e_s_client"] - both["e2e_s_server"]).to_numpy() * 1e3
+    q = lambda a: {"median": float(np.median(a)), "p90": float(np.quantile(a, 0.9)),  # noqa: E731
+                   "min": float(a.min()), "max": float(a.max())}
+    return {"server_metrics": summarize(served), "ttft_over_ms": q(ttft), "e2e_over_ms": q(e2e)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rates", required=True, help="comma-separated req/s, or 'trace' (its own arrivals)")
+    ap.add_argument("--seconds", type=float, default=15.0, help="each run's requests: rate x this many seconds")
+    ap.add_argument("--requests", type=int, help="that many requests at every rate instead")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--skip-engine", action="store_true", help="the HTTP side only")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides for both sides (after --)")
+    a = ap.parse_args()
+    rates = [r.strip() for r in a.rates.split(",") if r.strip()]
+    for r in rates:
+        if r != "trace" and not (r.replace(".", "", 1).isdigit() and float(r) > 0):
+            ap.error(f"--rates: {r!r} is not a positive number or 'trace'")
+    if a.requests is None and "trace" in rates:
+        ap.error("--rates trace needs --requests N")
+    plan = [(r, a.requests or max(1, round(float(r) * a.seconds))) for r in rates]
+    a.out.mkdir(parents=True, exist_ok=True)
+    engine = {} if a.skip_engine else run_in_process(a.overrides, plan, a.out)
+
+    http, served = {}, {}
+    for rate, n in plan:  # a fresh server a rate: its prefix cache holds none of the last rate's prompts
+        server = Server(a.overrides, a.out / f"served_{rate}")
+        try:
+            http[rate] = replay(server.url, a.overrides, rate, n, a.out)
+        except BaseException:
+            server.kill()
+            raise
+        rc = server.stop()
+        if rc != 0:
+            raise SystemExit(f"the server exited with {rc} on Ctrl-C; its log: {server.log_path}")
+        served[rate] = client_over_server(a.out, rate)
+
+    result = {"overrides": a.overrides, "plan": plan, "engine": engine, "http": http, "served": served}
+    (a.out / "serve_vs_engine.json").write_text(json.dumps(result, indent=1) + "\n")
+    # every request the server took finished, and as many as in-process (the same ones are over the context)
+    bad = [r for r, _ in plan if http[r]["errors"] or http[r]["unfinished"]
+           or (engine and engine[r]["completed"] != http[r]["completed"])]
+    print(f"\n{'rate':>6} {'side':<7} " + " ".join(f"{m.replace('_ms', ''):>15}" for m in METRICS))
+    for rate, _ in plan:
+        sides = ([("engine", engine[rate])] if engine else []) + [("http", http[rate]),
+                                                                   ("server", served[rate]["server_metrics"])]
+        for side, m in sides:
+            print(f"{rate:>6} {side:<7} " + " ".join(f"{m[k]:>15.2f}" for k in METRICS))
+        o = served[rate]
+        print(f"{rate:>6} client - server per request, ms: TTFT median {o['ttft_over_ms']['median']:.2f} "
+              f"(p90 {o['ttft_over_ms']['p90']:.2f}), E2E median {o['e2e_over_ms']['median']:.2f}")
+    if bad:
+        print(f"rates {bad}: a replay had errors or unfinished requests, or finished other than in-process",
+              file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
