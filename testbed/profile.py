@@ -15,6 +15,9 @@ hardware) plus the profiler's own:
                   the same deployment) to the host fit
   device_from=A,B with refit: pool the device grids of these profiles with PATH's (per shape,
                   the median over the starts that measured it)
+  graph_from=A,B  with refit: the CUDA-graph decode shapes from these profiles' grids instead
+                  (pooled as device_from pools), the other shapes as above: a decode-graph
+                  grid re-measured with a profiler change, the rest of the grid kept
 
 What is measured and how it is fitted: testbed/engine/profiler.py and
 testbed/sim/costmodel/calibrated.py. A model's profile costs a few minutes on a GPU."""
@@ -25,7 +28,7 @@ import sys
 from pathlib import Path
 
 OWN = {"out": None, "repeats": "5", "policies": None, "quick": "false", "host_requests": None, "refit": None,
-       "host_from": None, "device_from": None}
+       "host_from": None, "device_from": None, "graph_from": None}
 
 
 def parse(argv: list[str]) -> tuple[dict, list[str]]:
@@ -47,7 +50,11 @@ def main(argv=None) -> int:
     if own["refit"]:
         extra = [Path(p) for p in own["host_from"].split(",")] if own["host_from"] else []
         dev = [Path(p) for p in own["device_from"].split(",")] if own["device_from"] else []
-        return refit(Path(own["refit"]), Path(own["out"]) if own["out"] else None, extra, dev)
+        graph = [Path(p) for p in own["graph_from"].split(",")] if own["graph_from"] else []
+        return refit(Path(own["refit"]), Path(own["out"]) if own["out"] else None, extra, dev, graph)
+    if own["host_from"] or own["device_from"] or own["graph_from"]:
+        print("error: host_from=, device_from= and graph_from= go with refit=PATH", file=sys.stderr)
+        return 2
     try:
         from testbed import assemble
         from testbed.config import compose
@@ -116,10 +123,12 @@ def recorded_limits_and_policy(prof: dict) -> list[str]:
             "policy=chunked", f"policy.token_budget={e['token_budget']}"]
 
 
-def refit(path: Path, out: Path | None, host_from: list[Path] = (), device_from: list[Path] = ()) -> int:
+def refit(path: Path, out: Path | None, host_from: list[Path] = (), device_from: list[Path] = (),
+          graph_from: list[Path] = ()) -> int:
     """Fit a stored profile's samples again, with the deployment it records; host_from: more
     profiles of the same deployment whose host workloads join the host fit; device_from: more
-    whose device grids are pooled with this one's."""
+    whose device grids are pooled with this one's; graph_from: profiles whose CUDA-graph decode
+    shapes replace the grid's (pooled among them)."""
     from testbed import assemble
     from testbed.config import compose
     from testbed.sim.costmodel.calibrated import load_profile, write_profile
@@ -148,6 +157,12 @@ def refit(path: Path, out: Path | None, host_from: list[Path] = (), device_from:
         grids = [old, *(same_deployment(p, "device_from") for p in device_from)]
         device = pool_device_samples([g["samples"]["device"] for g in grids]) if device_from else \
             old["samples"]["device"]
+        graph_grids = [same_deployment(p, "graph_from") for p in graph_from]
+        if graph_grids:
+            in_graph = lambda d: d["kind"] == "decode" and d["reqs"] <= max(e["graph_sizes"])  # noqa: E731
+            device = [d for d in device if not in_graph(d)] + [
+                d for d in pool_device_samples([g["samples"]["device"] for g in graph_grids]) if in_graph(d)]
+            grids = graph_grids + grids  # the decode plan: the graph grid's first
         raw = {"device_samples": device, "host_samples": host,
                "graph_sizes": e["graph_sizes"], "piece_sizes": old["device"]["eager"].get("piece_sizes", []),
                "num_pages": e["num_pages"], "machine": old["machine"], "timing": old["timing"],
@@ -162,9 +177,13 @@ def refit(path: Path, out: Path | None, host_from: list[Path] = (), device_from:
         elif "host_machines" in old:
             prof["host_machines"] = old["host_machines"]
         if device_from:
-            prof["device_machines"] = [g["machine"] for g in grids]  # the starts whose device grids were pooled
+            prof["device_machines"] = [g["machine"] for g in grids if g not in graph_grids]  # the pooled grids' starts
         elif "device_machines" in old:
             prof["device_machines"] = old["device_machines"]
+        if graph_grids:
+            prof["graph_machines"] = [g["machine"] for g in graph_grids]  # the decode-graph shapes' starts
+        elif "graph_machines" in old:
+            prof["graph_machines"] = old["graph_machines"]
     except (ValueError, FileNotFoundError, KeyError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

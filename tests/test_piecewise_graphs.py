@@ -77,3 +77,27 @@ def test_fits_up_to_the_largest_size(tmp_path):
     small = synthetic_host_batch([48], [0], SLOTS, 1, 256).fb
     big = synthetic_host_batch([49], [0], SLOTS, 1, 256).fb
     assert pieces.fits(small) and not pieces.fits(big)
+
+
+def test_a_pending_synthetic_batch_reads_its_decode_ids_from_the_last_tokens(tmp_path):
+    """The profiler's grid steps gather their decode rows' ids on the device as served steps
+    do: the same step with those ids written in computes the same tokens."""
+    from testbed.engine.executor import EngineExecutor
+    from testbed.engine.synthetic_batch import greedy_sampling
+    model = _model("qwen3", tmp_path)
+    ex = EngineExecutor(model, torch.device("cpu"), 8)
+    ext, cac = [5, 1, 1], [0, 12, 30]
+    pend = synthetic_host_batch(ext, cac, SLOTS, 1, model.config.vocab_size, seed=2, pending=True)
+    assert pend.pending_at.tolist() == [5, 6] and pend.pending_rows.tolist() == [1, 2]
+    plain = synthetic_host_batch(ext, cac, SLOTS, 1, model.config.vocab_size, seed=2)
+    assert len(plain.pending_at) == 0
+    last = torch.tensor([3, 17, 29, 0, 0, 0, 0, 0])
+    written = plain.fb.input_ids.clone()
+    written[[5, 6]] = last[[1, 2]]
+    assert not torch.equal(written, plain.fb.input_ids)  # the gather changes what runs
+    plain.fb.input_ids = written
+    runs = []
+    for hb in (pend, plain):
+        ex.last_token.copy_(last)
+        runs.append(ex.collect(ex.launch_host(hb, greedy_sampling(3))).tokens.tolist())
+    assert runs[0] == runs[1]

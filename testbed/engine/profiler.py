@@ -165,8 +165,12 @@ def _sleep_cycles_per_s(device) -> float:
 
 def time_shape(executor, ext, cac, num_slots: int, page_size: int, vocab: int, repeats: int,
                cycles_per_s: float | None) -> dict:
-    """Medians of one shape: device idle at launch (free), then device held (device)."""
-    hb = synthetic_host_batch(ext, cac, num_slots, page_size, vocab, interleave=DECODE_INTERLEAVE)
+    """Medians of one shape: device idle at launch (free), then device held (device). Its
+    decode rows' ids are gathered from the last tokens on the device, as in serving (a step
+    launched before the last one's tokens are on the host): the gather's kernels are in every
+    served decode step's time (profiles before it priced served small-graph decode steps
+    ~1-2% short, 17-35 us at Qwen3-0.6B's graphs of 1-32 rows)."""
+    hb = synthetic_host_batch(ext, cac, num_slots, page_size, vocab, interleave=DECODE_INTERLEAVE, pending=True)
     return time_host_batch(executor, hb, repeats, cycles_per_s)
 
 
@@ -307,7 +311,7 @@ def run_profile(s, spec, schedulers, repeats: int = 5, quick: bool = False, poli
         "device_samples": samples, "host_samples": host, "graph_sizes": sizes, "num_pages": slots // s.page_size,
         "piece_sizes": pieces, "decode_plan": decode_plan(graphs, spec, s.page_size, device),
         "timing": {"device_grid_s": t_dev, "host_workloads_s": time.perf_counter() - t0 - t_dev,
-                   "shapes": len(grid), "repeats": repeats},
+                   "shapes": len(grid), "repeats": repeats, "decode_ids": "pending"},
         "machine": machine_info(device),
     }
 

@@ -15,11 +15,14 @@ from testbed.engine.forward_batch import ForwardBatch
 
 
 def synthetic_host_batch(extend, cached, num_slots: int, page_size: int, vocab_size: int,
-                         seed: int = 0, interleave: float = 0.0) -> HostBatch:
+                         seed: int = 0, interleave: float = 0.0, pending: bool = False) -> HostBatch:
     """interleave: the fraction of each decode row's context (a row extending by 1 token)
     laid out as the engine's allocator lays out generated tokens: one slot per row per step,
     the rows' slots side by side (token j of row i at tail + j * rows + i). The rest of a
-    context is one run of consecutive slots, as a prompt allocated at once. Page size 1."""
+    context is one run of consecutive slots, as a prompt allocated at once. Page size 1.
+    pending: every decode row's input id is its row's last sampled token, gathered on the
+    device as a serving step's are (the step loop launches a step before the last one's
+    tokens are back on the host); the ids are whatever the executor's last tokens hold."""
     ext = np.asarray(extend, np.int64)
     cac = np.asarray(cached, np.int64)
     B = len(ext)
@@ -60,8 +63,8 @@ def synthetic_host_batch(extend, cached, num_slots: int, page_size: int, vocab_s
         out_cache_loc=torch.from_numpy(out_loc.astype(np.int32)), is_decode=bool(np.all(ext == 1)),
         page_size=page_size)
     rows = np.arange(B, dtype=np.int64)
-    empty = np.zeros(0, np.int64)
-    return HostBatch(fb, empty, empty, rows, rows, np.zeros(B, np.int64))
+    dec_rows = np.flatnonzero(ext == 1) if pending else np.zeros(0, np.int64)
+    return HostBatch(fb, qo[:-1][dec_rows].astype(np.int64), dec_rows, rows, rows, np.zeros(B, np.int64))
 
 
 def greedy_sampling(n: int, temperature: float = 0.0) -> tuple:

@@ -59,7 +59,7 @@ def warm_up(executor, num_slots: int, page_size: int, vocab_size: int, max_token
         if need > num_slots:  # a small pool: the shapes it cannot hold never run either
             continue
         ran += 1
-        hb = synthetic_host_batch(ext, cac, num_slots, page_size, vocab_size, seed=i)
+        hb = synthetic_host_batch(ext, cac, num_slots, page_size, vocab_size, seed=i, pending=True)  # as served
         h = executor.launch_host(hb, greedy_sampling(len(ext), temp))
         if prev is not None:  # as the run does: the next step launched before this one is collected
             executor.collect(prev)

@@ -98,6 +98,8 @@ def markdown(res: dict, out: Path, profile_info: dict, device: dict) -> str:
                f"starts of {', '.join(v['device_starts'])}"
                + (f" (per shape, a start lies a median {v['device_apart'][0]:.1%} from their median, p90 "
                   f"{v['device_apart'][1]:.1%})" if v["device_apart"] else "")
+               + (f"; its CUDA-graph decode shapes from the machine starts of {', '.join(v['graph_starts'])}"
+                  if v["graph_starts"] else "")
                + f"; host fitted on the machine starts of {', '.join(v['host_starts'])}"
                for m, v in profile_info.items()],
              f"- engine runs: one machine start, recorded at {engine_start(out)} (`runs/machine.json`)", "",
@@ -258,6 +260,7 @@ def profile_info(out: Path, cells) -> dict:
         info[model] = {"host_starts": [h.get("date") for h in p.get("host_machines", [m])],
                        "wake": (w["host"], w["launch"]) if w else None,
                        "device_starts": [h.get("date") for h in p.get("device_machines", [m])],
+                       "graph_starts": [h.get("date") for h in p.get("graph_machines", [])],
                        "device_apart": (float(np.median(apart)), float(np.percentile(apart, 90))) if apart else None,
                        "profile": name, "measured": m.get("date"), "gpu": m.get("gpu"),
                        "driver": m.get("driver"), "cpu": m.get("cpu"), "host": m.get("host")}
