@@ -24,11 +24,12 @@ class StepLog:
 
     def __init__(self):
         self.cols = {c: [] for c in STEP_COLUMNS}
+        self._appends = [(c, self.cols[c].append) for c in STEP_COLUMNS]  # bound once, not per step
         self.output_tokens = 0  # sampled so far, for progress reports
 
     def append(self, **row) -> None:
-        for c in STEP_COLUMNS:
-            self.cols[c].append(row[c])
+        for c, append in self._appends:
+            append(row[c])
 
     def set_last(self, column: str, value) -> None:
         self.cols[column][-1] = value
