@@ -268,7 +268,7 @@ def check_steps(driver, sched, ex):
     cols = driver.steps.cols
     n = len(driver.steps)
     assert n == sched.step_id == len(ex.launched) == len(ex.collected), "one row per scheduled step"
-    assert cols["step"] == list(range(n)) == ex.launched
+    assert list(cols["step"]) == list(range(n)) == ex.launched
     for i in range(n):
         assert cols["start_s"][i] <= cols["end_s"][i], f"step {i} ends before it starts"
         assert cols["duration_s"][i] > 0
@@ -421,8 +421,8 @@ def test_overlap_timeline_matches_hand_computation(overlap):
     assert r.first_token == pytest.approx(6.0)
     assert r.finish_time == pytest.approx(want["tokens"][-1])
     cols = driver.steps.cols
-    assert cols["step"] == [0, 1, 2]
-    assert cols["prefill_tokens"] == [4, 0, 0] and cols["decode_tokens"] == [0, 1, 1]
+    assert list(cols["step"]) == [0, 1, 2]
+    assert list(cols["prefill_tokens"]) == [4, 0, 0] and list(cols["decode_tokens"]) == [0, 1, 1]
     assert cols["start_s"] == pytest.approx(want["start"])
     assert cols["end_s"] == pytest.approx(want["end"])
     assert cols["duration_s"] == pytest.approx([5.0] * 3)  # the device never waited within a step
@@ -443,7 +443,7 @@ def test_a_step_after_an_idle_gap_takes_the_wake_factors():
                             cost=dataclasses.replace(CONST, wake=(1.0, 3.0, 2.0)))
     driver, sched, (a, b), ex = run_sim(w)
     cols = driver.steps.cols
-    assert cols["prefill_tokens"] == [4, 0, 0, 4, 0, 0]
+    assert list(cols["prefill_tokens"]) == [4, 0, 0, 4, 0, 0]
     assert cols["host_s"] == pytest.approx([1.0, 1.0, 1.0, 3.0, 1.0, 1.0])
     assert cols["launch_s"] == pytest.approx([2.0, 2.0, 2.0, 4.0, 2.0, 2.0])
     assert a.token_times == pytest.approx(HAND[True]["tokens"])
