@@ -13,6 +13,11 @@ import pandas as pd
 
 STATES_DONE = ("FINISHED", "REJECTED", "ABORTED", "FAILED")
 PERCENTILES = (90, 99)  # besides the median
+# the columns summarize reads: a writer hands it only these (the others would be copied into
+# pandas for nothing: the chunk lists, a long run's 20 other step columns)
+REQUEST_COLUMNS = ("state", "arrival_s", "finish_s", "prompt_tokens", "output_tokens", "prefix_cached_tokens",
+                   "preemptions", "ttft_s", "tpot_s", "e2e_s", "queue_s", "token_times_s")
+STEP_COLUMNS = ("pages_used", "pages_cached", "pages_free", "batch_reqs", "evicted_pages")
 
 
 def latency_samples(done: pd.DataFrame) -> dict[str, np.ndarray]:
