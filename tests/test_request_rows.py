@@ -64,3 +64,13 @@ def test_a_request_added_twice_is_refused():
     rows.add(ledger(0, 2))
     with pytest.raises(ValueError, match="request 0 added to requests.parquet twice"):
         rows.add(ledger(0, 2))
+
+
+def test_rows_are_handed_over_once():
+    rows = RequestRows(False)
+    rows.add(ledger(0, 2))
+    rows.table()
+    with pytest.raises(RuntimeError, match="handed over"):
+        rows.table()
+    with pytest.raises(RuntimeError, match="handed over"):
+        rows.add(ledger(1, 2))

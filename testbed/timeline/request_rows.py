@@ -29,9 +29,11 @@ class RequestRows:
         self.rids: set[int] = set()
 
     def __len__(self) -> int:
-        return len(self.scalars["rid"])
+        return len(self.rids)
 
     def add(self, r) -> None:
+        if self.scalars is None:
+            raise RuntimeError("RequestRows.add() after table(): its rows were handed over")
         d = self.row(r, self.keep_output_ids)
         if d["rid"] in self.rids:
             raise ValueError(f"request {d['rid']} added to requests.parquet twice")
@@ -46,7 +48,10 @@ class RequestRows:
             offsets.append(len(values))
 
     def table(self) -> pa.Table:
-        """The rows in rid order, as REQUESTS_SCHEMA."""
+        """The rows in rid order, as REQUESTS_SCHEMA; hands them over (once: the columns
+        gathered here are let go)."""
+        if self.scalars is None:
+            raise RuntimeError("RequestRows.table() was called already: its rows were handed over")
         cols = {}
         for f in REQUESTS_SCHEMA:
             if f.name in self.scalars:
@@ -59,4 +64,6 @@ class RequestRows:
                                                         type=f.type)
         t = pa.table(cols, schema=REQUESTS_SCHEMA)
         order = np.argsort(np.asarray(self.scalars["rid"], np.int64), kind="stable")
+        del cols
+        self.scalars = self.lists = None  # handed over: a long run's token times are not held twice
         return t.take(order) if len(order) and (np.diff(order) != 1).any() else t

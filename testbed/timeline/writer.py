@@ -113,8 +113,9 @@ def write_run(out_dir: str | os.PathLike, reqs, steps: StepLog, config: dict, ex
     attempt("requests.parquet", lambda t: pq.write_table(rt, t, compression="zstd"))
     attempt("steps.parquet", lambda t: pq.write_table(st, t, compression="zstd"))
     slos = (slo.ttft_ms, slo.tpot_ms, slo.e2e_ms) if slo is not None else ()
-    metrics = summarize(rt.select(list(metric_columns.REQUEST_COLUMNS)).to_pandas(),
-                        st.select(list(metric_columns.STEP_COLUMNS)).to_pandas(), *slos)
+    scalars = [c for c in metric_columns.REQUEST_COLUMNS if c != "token_times_s"]  # the times stay flat
+    metrics = summarize(rt.select(scalars).to_pandas(), st.select(list(metric_columns.STEP_COLUMNS)).to_pandas(),
+                        *slos, token_times=rt.column("token_times_s").combine_chunks())
     summary = {"metrics": metrics, **extra, "config": config, "versions": versions(), "git_revision": git_revision()}
     if failed:  # the summary says which of its files are missing
         summary["unwritten_files"] = list(failed)
