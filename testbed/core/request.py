@@ -111,7 +111,7 @@ class Request:
 
     @property
     def in_prefill(self) -> bool:
-        return self.extend_len > 1
+        return self.device_len - self.cached_len > 1
 
     @property
     def is_done(self) -> bool:
