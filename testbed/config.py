@@ -224,6 +224,9 @@ def swept_dirname(override_dirname: str) -> str:
     return ",".join(items) or override_dirname
 
 
+_registered: dict = {}  # the registries' names the ConfigStore holds options for
+
+
 def register_schema() -> None:
     """The schema, and one option of the groups policy, eviction and cache per registered name
     (a policy's option is its own config class), so `policy=<module>` works for a new module in
@@ -232,6 +235,10 @@ def register_schema() -> None:
     from omegaconf import OmegaConf
     if not OmegaConf.has_resolver("swept"):
         OmegaConf.register_new_resolver("swept", swept_dirname)
+    names = (tuple(POLICIES.names()), tuple(EVICTIONS.names()), tuple(PREFIX_CACHES.names()))
+    if _registered.get("names") == names:  # stored already (run, sweep and the precheck each ask): ~20 ms a time
+        return
+    _registered["names"] = names
     store = ConfigStore.instance()
     store.store(name="config_schema", node=Config)
     store.store(group="schema/backend", name="http", node=HttpBackendConfig)  # conf/backend/http.yaml: its types

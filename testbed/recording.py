@@ -13,7 +13,7 @@ def record_step(log: StepLog, sched, plan: BatchPlan, start: float, end: float, 
     host / launch / complete: host seconds before the device could start it, enqueueing it,
     and applying its result."""
     st = sched.stats_of(plan)
-    log.output_tokens += int(plan.samples.sum())
+    log.output_tokens += plan.num_samples
     free = sched.allocator.free_pages
     cached = sched.cache.cached_pages
     log.append(
@@ -21,7 +21,7 @@ def record_step(log: StepLog, sched, plan: BatchPlan, start: float, end: float, 
         host_s=host, launch_s=launch, complete_s=complete,
         batch_reqs=len(plan), prefill_reqs=st.prefill_reqs, prefill_tokens=st.prefill_tokens,
         decode_reqs=st.decode_reqs, decode_tokens=st.decode_tokens,
-        context_tokens=int(plan.cached_lens.sum()) + plan.total_tokens,
+        context_tokens=plan.kv_tokens,
         running=len(sched.running), waiting=len(sched.waiting),
         pages_used=sched.kv.owned_pages, pages_cached=cached, pages_free=free,
         evicted_pages=st.evicted_pages, preempted=st.preempted, admitted=st.admitted,

@@ -98,8 +98,16 @@ def drive(cfg: Config, out_dir: str, built, keep_ids=None, print_table: bool = T
     """Run a built run (testbed.assemble.Run) to its end and write what was done: a trace's
     replay, or a server's engine (its Run has no trace, and its requests grow as they arrive)."""
     from testbed.timeline.records import request_row
+    from testbed.timeline.request_rows import RequestRows
     trace, requests, sched, driver, info = built.trace, built.requests, built.scheduler, built.driver, built.info
     keep_ids = False if cfg.backend.name == "sim" else (True if keep_ids is None else keep_ids)
+    rows = None
+    if cfg.backend.name == "sim":  # a replay's finished requests go to the writer as they end (bounded memory)
+        rows = RequestRows(keep_ids, request_row)
+        driver.stream_rows(rows)
+        if trace is not None:
+            for t in trace.requests:  # the requests hold the ids now: each goes once its request is done
+                t.prompt_ids = None
     ran = _drive(cfg, driver, trace, len(requests))
     driver.executor.fill_predictions(driver.steps)  # the engine's per-step predictions, out of its timed loop
     integrity = leak = None
@@ -110,8 +118,10 @@ def drive(cfg: Config, out_dir: str, built, keep_ids=None, print_table: bool = T
             ran.complete, ran.error = False, f"integrity check failed: {leak}"
     queued = {id(r) for r in sched.waiting}
     arrived = [r for r in requests if r.state.name != "WAITING" or id(r) in queued]  # not-yet-arrived ones are left out
+    if rows is not None:
+        arrived = [r for r in arrived if r.rid not in rows.rids]
     extra = {**ran.fields(cfg, trace, len(requests), len(driver.steps)), "kv": {**info, "integrity": integrity}}
-    summary = _write(cfg, out_dir, ran, arrived, driver.steps, extra, keep_ids, request_row, print_table)
+    summary = _write(cfg, out_dir, ran, arrived, driver.steps, extra, keep_ids, request_row, print_table, rows)
     if leak:
         raise IntegrityError(f"{leak}; the results are in {out_dir} (summary.json says which check failed)")
     return _raise_for(ran, out_dir, summary)
@@ -181,8 +191,9 @@ def _drive(cfg: Config, driver, trace, n: int) -> _Ran:
     return ran
 
 
-def _write(cfg: Config, out_dir: str, ran: _Ran, reqs, steps, extra: dict, keep_ids, row, print_table: bool) -> dict:
-    """The run's files (a signal meanwhile waits for them) and its table; row: a request's row (write_run's)."""
+def _write(cfg: Config, out_dir: str, ran: _Ran, reqs, steps, extra: dict, keep_ids, row, print_table: bool,
+           rows=None) -> dict:
+    """The run's files (a signal meanwhile waits for them) and its table; row, rows: write_run's."""
     from testbed.timeline import write_run
     from testbed.timeline.writer import WriteError
     extra = {"complete": ran.complete, "error": ran.error, **extra}  # after the end-of-run check
@@ -190,7 +201,7 @@ def _write(cfg: Config, out_dir: str, ran: _Ran, reqs, steps, extra: dict, keep_
     with _signals_wait_for_the_write():
         try:
             summary = write_run(out_dir, reqs, steps, OmegaConf.to_container(OmegaConf.structured(cfg)),
-                                extra, keep_ids, cfg.slo, row)
+                                extra, keep_ids, cfg.slo, row, rows)
         except WriteError as e:  # the metrics are printed all the same
             summary, unwritten = e.summary, e
     if print_table:

@@ -17,6 +17,7 @@ will come and the scheduler has no work left.
 """
 from __future__ import annotations
 
+from array import array
 from typing import Any, Callable, Iterator, Protocol
 
 from testbed.core import BatchPlan, StepResult
@@ -95,6 +96,16 @@ class StepLoop:
         self.progress = progress  # callable(done, total, now, output_tokens) or None
         self.steps = StepLog()
         self.ran_to_end = False  # the loop returned normally (no step cut short)
+        self._rows = None  # stream_rows' sink, or None
+        self._seen_done = 0  # sched.done[:_seen_done] were looked at
+        self._ended: list = []  # ended, their rows not yet taken (a step in flight holds their KV)
+
+    def stream_rows(self, rows) -> None:
+        """Hand each request's row to `rows` (testbed.timeline.RequestRows) once it has ended
+        and given up its KV, then drop its per-token lists and token ids: a long replay holds
+        the history of the requests not yet done only. For runs whose requests are not read
+        after the loop (the run's files are written from `rows`)."""
+        self._rows = rows
 
     @property
     def requests(self) -> list:
@@ -140,6 +151,23 @@ class StepLoop:
             # nothing in flight and nothing runnable: nothing changes before the next arrival
             yield t_next
 
+    def _stream_ended(self) -> None:
+        done = self.sched.done
+        if len(done) > self._seen_done:
+            self._ended.extend(done[self._seen_done:])
+            self._seen_done = len(done)
+        if not self._ended:
+            return
+        still = []
+        for r in self._ended:
+            if r.row >= 0:  # released when the step in flight completes: the cache may still read its ids
+                still.append(r)
+                continue
+            self._rows.add(r)
+            r.token_times, r.output_ids, r.chunk_times, r.preempt_times = array("d"), [], [], []
+            r.prompt_ids = None
+        self._ended = still
+
     def _finish(self, launched, now: Callable[[], float]) -> Iterator[float]:
         """Collect a launched step, apply its result and record it. launched: the executor's
         handle and the loop times the step was scheduled, launch was called and it returned."""
@@ -150,6 +178,8 @@ class StepLoop:
         t = now()
         self.sched.complete(h.plan, result, t)
         self.feed.delivered(h.plan, t)  # before the bookkeeping: a server streams the tokens now
+        if self._rows is not None:
+            self._stream_ended()
         if h.complete_cost:
             yield t + h.complete_cost
         if self.progress is not None:

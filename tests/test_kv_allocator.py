@@ -130,3 +130,20 @@ def test_allocator_against_a_set_model(num_pages, page_size, ops):
         assert len(slots) == len(out) * page_size
         if out:
             assert (slots // page_size).tolist() == np.repeat(out, page_size).tolist()
+
+
+def test_page_table_memory_is_backed_only_where_written():
+    """A table of many long rows costs the slots written, not rows x max_len: the lazy zeros
+    take no huge pages, so a row's first slot does not make 2 MiB of it resident."""
+    import resource
+
+    from testbed.kv.page_table import PageTable
+
+    def rss_mib():
+        return int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize() / 2**20
+    before = rss_mib()
+    pt = PageTable(512, 131072)  # 512 MiB if every row were resident
+    for row in range(512):
+        pt.write(row, 0, np.arange(16, dtype=np.int64))
+    assert pt.read(7, 0, 4).tolist() == [0, 1, 2, 3] and pt.read(7, 16, 20).tolist() == [0, 0, 0, 0]
+    assert rss_mib() - before < 64

@@ -94,3 +94,14 @@ def test_slo_met_and_stat_names():
     assert list(slo_met(done, ttft_ms=500, e2e_ms=1000)) == [True, False]
     assert [stat_name(s, "ttft") for s in ("mean", 99, 99.9, 50.0)] == \
         ["mean_ttft_ms", "p99_ttft_ms", "p99.9_ttft_ms", "p50_ttft_ms"]
+
+
+def test_token_gaps_from_a_flat_list_column_are_the_per_request_diffs():
+    import pyarrow as pa
+
+    from testbed.timeline.metrics import token_gaps
+    times = [[1.0, 1.5, 2.25], [], [3.0], None, [4.0, 4.125], [5.0, 5.5, 5.75, 7.0]]
+    want = np.concatenate([np.diff(t) for t in times if t is not None and len(t) > 1])
+    got = token_gaps(pa.array(times, pa.list_(pa.float64())))
+    assert got.tolist() == want.tolist()
+    assert token_gaps(pa.array([[1.0]], pa.list_(pa.float64()))).tolist() == []

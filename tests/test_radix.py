@@ -403,3 +403,53 @@ def test_unhit_takes_back_a_match_even_across_a_split():
     after = {n.nid: n.hits for n in c.nodes()}
     assert after[node.nid] == 1  # the upper half keeps the earlier real hit only
     assert all(after[k] == v for k, v in before.items())
+
+
+# ---- the kept eviction heap against a fresh scan ----------------------------------------------
+def scan_order_victim(c: RadixCache):
+    """What a fresh scan of the tree evicts first: the evictable leaf of smallest (key, nid)."""
+    leaves = [n for n in c.nodes() if not n.children and n.lock_ref == 0]
+    return min(leaves, key=lambda n: (c.eviction_key(n), n.nid)) if leaves else None
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+@settings(max_examples=100, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from("imMlue"), st.integers(0, 7), st.integers(1, 12)), max_size=60))
+def test_each_eviction_takes_the_leaf_a_fresh_scan_would(name, ops):
+    # sequences sharing prefixes (splits), matches that lock and unlock or lock nothing, hits taken back
+    c = cache(eviction=name)
+    locked, next_page = [], 0
+    for op, seq, n in ops:
+        key = np.concatenate([run(1000 * (seq % 3), 4), run(100 * seq, n)])
+        if op == "i":
+            got = len(pages(next_page, len(key)))
+            had = c.insert(key, pages(next_page, got), priority=seq % 2)
+            next_page += got
+            assert had <= len(key)
+        elif op == "m":
+            node, hit, _ = c.match(key[:n])
+            if hit:
+                c.lock(node)
+                locked.append(node)
+        elif op == "M":  # a match nothing locks: its path's keys change while evictable
+            c.match(key, priority=seq)
+        elif op == "l" and locked:
+            c.unlock(locked.pop(n % len(locked)))
+        elif op == "u" and locked:
+            c.unhit(locked[n % len(locked)])
+        elif op == "e":
+            evict_one_as_a_scan_would(c)
+    for node in locked:  # then everything, one leaf at a time
+        c.unlock(node)
+    while c.cached_pages:
+        evict_one_as_a_scan_would(c)
+
+
+def evict_one_as_a_scan_would(c: RadixCache) -> None:
+    want = scan_order_victim(c)
+    got = c.evict(1)
+    if want is None:
+        assert len(got) == 0
+    else:
+        assert got.tolist() == want.pages.tolist()
+    c.check()

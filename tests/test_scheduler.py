@@ -207,7 +207,7 @@ def test_length_finish_and_event_times():
     assert r.first_scheduled == 1.0
     assert [n for _, n in r.chunk_times] == [8, 8, 4]
     assert r.first_token == pytest.approx(1.03) and len(r.token_times) == 4
-    assert r.token_times == sorted(r.token_times) and r.finish_time == r.token_times[-1]
+    assert list(r.token_times) == sorted(r.token_times) and r.finish_time == r.token_times[-1]
     assert r.finish_time == pytest.approx(t)
     assert r.prefix_hit_tokens == 0 and r.num_preemptions == 0
 

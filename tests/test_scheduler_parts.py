@@ -28,7 +28,7 @@ def computed(rm, kv, r, n):
     r.cached_len = r.shared_len
     r.num_pages = r.shared_len // rm.page_size
     needs, held = rm.page_needs([r], [n - r.cached_len])
-    pages, _ = kv.alloc(int(needs.sum()))
+    pages, _ = kv.alloc(sum(needs))
     rm.map_new_pages([r], needs, held, pages)
     r.cached_len = n
 
@@ -60,14 +60,30 @@ def test_page_needs_and_one_scatter_write_each_items_new_pages_after_its_old_one
     a.cached_len, a.num_pages = 2 * P, 2  # two full pages; 1 more token needs a third
     b.cached_len, b.num_pages = 1, 1  # room left on its page (if P > 1)
     needs, held = rm.page_needs([a, b, c], [1, P - 1 if P > 1 else 1, 2 * P + 1])
-    assert held.tolist() == [2, 1, 0]
-    assert needs.tolist() == [1, 0 if P > 1 else 1, 3]
-    pages = np.arange(100, 100 + int(needs.sum()), dtype=np.int64)
+    assert held == [2, 1, 0]
+    assert needs == [1, 0 if P > 1 else 1, 3]
+    pages = np.arange(100, 100 + sum(needs), dtype=np.int64)
     rm.map_new_pages([a, b, c], needs, held, pages)
     assert (a.num_pages, b.num_pages, c.num_pages) == (3, 1 if P > 1 else 2, 3)
     assert rm.pages(a, 2 * P, 3 * P).tolist() == [100]
     assert rm.pages(c, 0, 3 * P).tolist() == pages[-3:].tolist()
     assert rm.page_table.read(c.row, 0, P).tolist() == [pages[-3] * P + o for o in range(P)]
+
+
+@pytest.mark.parametrize("P", [1, 4])
+def test_one_new_page_per_item_lands_after_each_items_old_pages(P):
+    # a decode step's shape: every item needs exactly one page (the scatter without expansion)
+    rm = RowManager(3, 64, P)
+    rs = [req(i, 10, 5) for i in range(3)]
+    for i, r in enumerate(rs):
+        rm.acquire(r)
+        r.cached_len, r.num_pages = i * P, i  # full pages: the next token needs a new one
+    needs, held = rm.page_needs(rs, [1, 1, 1])
+    assert needs == [1, 1, 1]
+    rm.map_new_pages(rs, needs, held, np.array([7, 8, 9], np.int64))
+    assert [r.num_pages for r in rs] == [1, 2, 3]
+    assert [rm.pages(r, i * P, (i + 1) * P).tolist() for i, r in enumerate(rs)] == [[7], [8], [9]]
+    assert rm.page_table.read(rs[2].row, 2 * P, 3 * P).tolist() == [9 * P + o for o in range(P)]
 
 
 # ---- the cache manager ----------------------------------------------------------------------------

@@ -34,6 +34,8 @@ from testbed.core import RequestState
 from testbed.sim.costmodel.base import StepCost
 from testbed.sim.driver import SimDriver
 from testbed.sim.executor import SimExecutor
+from testbed.timeline.request_rows import RequestRows
+from testbed.timeline.writer import requests_table
 
 POLICIES = ["chunked", "prefill_first", "decode_first"]
 MAX_CONTEXT = 64
@@ -250,11 +252,14 @@ def bound_turns(sched):
     sched.schedule = counted
 
 
-def run_sim(w: Workload, overlap=True, decisions=None, eos=False):
+def run_sim(w: Workload, overlap=True, decisions=None, eos=False, rows=None):
+    """rows: a RequestRows the finished requests are streamed to (StepLoop.stream_rows)."""
     sched = w.scheduler()
     bound_turns(sched)
     reqs = w.requests(eos)
     driver = SimDriver(sched, None, reqs, overlap=overlap)
+    if rows is not None:
+        driver.stream_rows(rows)
     env = driver.env
     inner = SimExecutor(w.cost, lambda: env.now)
     now = lambda: env.now  # noqa: E731
@@ -268,7 +273,7 @@ def check_steps(driver, sched, ex):
     cols = driver.steps.cols
     n = len(driver.steps)
     assert n == sched.step_id == len(ex.launched) == len(ex.collected), "one row per scheduled step"
-    assert cols["step"] == list(range(n)) == ex.launched
+    assert list(cols["step"]) == list(range(n)) == ex.launched
     for i in range(n):
         assert cols["start_s"][i] <= cols["end_s"][i], f"step {i} ends before it starts"
         assert cols["duration_s"][i] > 0
@@ -421,8 +426,8 @@ def test_overlap_timeline_matches_hand_computation(overlap):
     assert r.first_token == pytest.approx(6.0)
     assert r.finish_time == pytest.approx(want["tokens"][-1])
     cols = driver.steps.cols
-    assert cols["step"] == [0, 1, 2]
-    assert cols["prefill_tokens"] == [4, 0, 0] and cols["decode_tokens"] == [0, 1, 1]
+    assert list(cols["step"]) == [0, 1, 2]
+    assert list(cols["prefill_tokens"]) == [4, 0, 0] and list(cols["decode_tokens"]) == [0, 1, 1]
     assert cols["start_s"] == pytest.approx(want["start"])
     assert cols["end_s"] == pytest.approx(want["end"])
     assert cols["duration_s"] == pytest.approx([5.0] * 3)  # the device never waited within a step
@@ -443,7 +448,7 @@ def test_a_step_after_an_idle_gap_takes_the_wake_factors():
                             cost=dataclasses.replace(CONST, wake=(1.0, 3.0, 2.0)))
     driver, sched, (a, b), ex = run_sim(w)
     cols = driver.steps.cols
-    assert cols["prefill_tokens"] == [4, 0, 0, 4, 0, 0]
+    assert list(cols["prefill_tokens"]) == [4, 0, 0, 4, 0, 0]
     assert cols["host_s"] == pytest.approx([1.0, 1.0, 1.0, 3.0, 1.0, 1.0])
     assert cols["launch_s"] == pytest.approx([2.0, 2.0, 2.0, 4.0, 2.0, 2.0])
     assert a.token_times == pytest.approx(HAND[True]["tokens"])
@@ -476,3 +481,21 @@ def test_same_inputs_give_the_same_steps_table(w, decisions):
     assert a.steps.table().equals(b.steps.table())
     assert [(r.output_ids, r.token_times, r.finish_reason, r.num_preemptions) for r in ra] == \
         [(r.output_ids, r.token_times, r.finish_reason, r.num_preemptions) for r in rb]
+
+
+# ---- 5. streaming finished requests to the writer --------------------------------------------------
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(w=workloads(), decisions=st.one_of(st.none(), abort_decisions), eos=st.booleans())
+def test_streamed_rows_are_the_rows_of_the_finished_ledgers(w, decisions, eos):
+    """A run streaming its ended requests' rows writes the table a run that keeps every ledger
+    writes, and the steps are the same; the streamed requests keep no per-token lists."""
+    kept = run_sim(w, decisions=decisions, eos=eos)
+    rows = RequestRows(keep_output_ids=True)
+    streamed = run_sim(w, decisions=decisions, eos=eos, rows=rows)
+    assert streamed[0].steps.cols == kept[0].steps.cols
+    assert len(rows) == sum(r.is_done for r in streamed[2])  # every ended request, once its KV was released
+    rest = [r for r in streamed[2] if r.rid not in rows.rids]
+    assert requests_table(rest, True, rows=rows).equals(requests_table(kept[2], True))
+    for r in streamed[2]:
+        if r.rid in rows.rids:
+            assert (len(r.token_times), r.output_ids, r.chunk_times, r.prompt_ids) == (0, [], [], None)

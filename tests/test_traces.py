@@ -546,3 +546,16 @@ def test_file_jsonl_with_a_byte_order_mark(tmp_path):
     p.write_bytes(b"\xef\xbb\xbf" + b'{"prompt_tokens": 3, "output_tokens": 2}\n{"prompt_tokens": 4, "output_tokens": 1}\n')
     trace = load(name="file", path=str(p))
     assert lens(trace)[0].tolist() == [3, 4]
+
+
+def test_keyed_runs_are_whole_per_request_and_held_a_chunk_at_a_time():
+    """The ids of a request do not depend on the others asked with it, and far-apart requests'
+    ids live in different buffers (a replay frees them as their requests finish)."""
+    from testbed.traces import token_ids
+    rids = np.arange(40, dtype=np.int64)
+    lens = np.full(40, token_ids._CHUNK // 8, np.int64)  # 8 requests a chunk: 5 chunks
+    runs = token_ids.unique_ids(7, rids, lens, 1000)
+    alone = [token_ids.unique_ids(7, rids[i:i + 1], lens[i:i + 1], 1000)[0] for i in (0, 17, 39)]
+    assert all(np.array_equal(runs[i], a) for i, a in zip((0, 17, 39), alone))
+    assert [len(r) for r in runs] == lens.tolist()
+    assert runs[0].base is not None and runs[0].base is runs[7].base and runs[0].base is not runs[39].base

@@ -24,14 +24,14 @@ class PrefillFirst(Policy):
     def plan(self, view: SchedulerView) -> BatchPlan:
         plan = BatchPlan()
         budget = self.cfg.max_prefill_tokens
-        for r in view.running:  # a prompt chunked in an earlier step goes on first
-            if r.in_prefill and budget > 0:
+        for r in view.running:  # a prompt chunked in an earlier step goes on first (plain attributes: every step)
+            if budget > 0 and r.device_len - r.cached_len > 1:
                 n = min(r.extend_len, self.chunk_cap(budget))
                 plan.add(r, n)
                 budget -= n
         self.admit(view, plan, budget, self.kv_left(view), chunk_last_only=True)
         if len(plan):
             return plan
-        for r in view.running:
-            plan.add(r, 1)
+        plan.reqs.extend(view.running)
+        plan.num_tokens.extend([1] * len(plan.reqs))
         return plan

@@ -16,7 +16,8 @@ class BatchPlan:
     tokens after its cached prefix. Prefill and decode may mix in one plan. `preempt` lists
     running requests the policy wants preempted before the step (recompute later).
     After the scheduler has applied a plan, `cached_lens` holds each item's KV length
-    before the step and `samples` whether the step produces a token for it.
+    before the step and `samples` whether the step produces a token for it (`num_samples`
+    and `kv_tokens` their totals: every step's record and result check reads them).
     """
     reqs: list[Request] = field(default_factory=list)
     num_tokens: list[int] = field(default_factory=list)
@@ -25,6 +26,8 @@ class BatchPlan:
     step_id: int = -1
     cached_lens: np.ndarray | None = None
     samples: np.ndarray | None = None  # bool per item
+    num_samples: int = 0  # items that sample a token (samples.sum(), counted once)
+    kv_tokens: int = 0  # KV tokens the step's attention reads: cached_lens.sum() + total_tokens
 
     def add(self, req: Request, n: int) -> None:
         self.reqs.append(req)

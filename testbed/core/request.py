@@ -9,6 +9,7 @@ samples one new token and `device_len` grows by one.
 from __future__ import annotations
 
 import enum
+from array import array
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -70,7 +71,8 @@ class Request:
     first_scheduled: float | None = None
     chunk_times: list = field(default_factory=list)  # (time, tokens) of each prefill chunk start
     first_token: float | None = None
-    token_times: list = field(default_factory=list)  # one per output token, the first included
+    # one per output token, the first included; float64s in an array (8 bytes a token, not 32)
+    token_times: array = field(default_factory=lambda: array("d"))
     preempt_times: list = field(default_factory=list)
     finish_time: float | None = None
 
@@ -109,7 +111,7 @@ class Request:
 
     @property
     def in_prefill(self) -> bool:
-        return self.extend_len > 1
+        return self.device_len - self.cached_len > 1
 
     @property
     def is_done(self) -> bool:

@@ -5,6 +5,11 @@ hold them. Requests lock the node at the end of their matched prefix (a referenc
 the whole path to the root) so nothing they use is evicted; unreferenced leaves are
 evicted in the order an eviction policy's key gives (smallest key first); the key reads a
 leaf only as a testbed.core.NodeView.
+
+The evictable leaves wait in one heap kept across evictions: a leaf is offered (with its key
+then) whenever it becomes evictable or a member its key may read changes while it is, and an
+entry is taken only if its node is still an evictable leaf with that key. So an eviction pops
+what it frees instead of rescanning the tree, in the same order a fresh scan would give.
 """
 from __future__ import annotations
 
@@ -61,6 +66,19 @@ class RadixCache:
         self.cached_pages = 0  # pages held by the tree
         self.evictable_pages = 0  # pages in nodes with lock_ref == 0
         self.evicted_pages_total = 0
+        self._heap: list = []  # (key, nid, seq, node) offered; stale entries are skipped when popped
+        self._seq = 0  # entry tie-break: a node offered twice with one key
+        self._num_nodes = 0  # bounds the heap: rebuilt when stale entries outnumber the nodes
+
+    def _offer(self, node: RadixNode) -> None:
+        """Queue node for eviction if it is an evictable leaf now (with its key now)."""
+        if node.lock_ref == 0 and not node.children and node is not self.root:
+            self._seq += 1
+            heapq.heappush(self._heap, (self.eviction_key(node), node.nid, self._seq, node))
+
+    def _in_tree(self, node: RadixNode) -> bool:
+        parent = node.parent
+        return parent is not None and parent.children.get(self._child_key(node.key, 0)) is node
 
     def _next_id(self) -> int:
         self._nid += 1
@@ -117,6 +135,7 @@ class RadixCache:
             child.last_access = self._tick
             child.hits += count_hit
             child.priority = max(child.priority, priority)
+            self._offer(child)
             pages.append(child.pages)
             pos += m
             node = child
@@ -134,12 +153,15 @@ class RadixCache:
         child.key, child.pages = child.key[m:], child.pages[p:]
         child.parent = upper
         upper.children[self._child_key(child.key, 0)] = child
+        self._num_nodes += 1
+        self._offer(child)  # fewer pages now (a key may read num_pages)
         return upper
 
     def unhit(self, node: RadixNode) -> None:
         """Take back the hits a match counted on node's path (an admission undone)."""
         while node is not self.root:
             node.hits -= 1
+            self._offer(node)
             node = node.parent
 
     # ---- locking ----------------------------------------------------------------------
@@ -157,6 +179,7 @@ class RadixCache:
             node.lock_ref -= 1
             if node.lock_ref == 0:
                 self.evictable_pages += node.num_pages
+                self._offer(node)
             node = node.parent
 
     # ---- insert -----------------------------------------------------------------------
@@ -179,12 +202,15 @@ class RadixCache:
                 node.children[self._child_key(ids, pos)] = leaf
                 self.cached_pages += leaf.num_pages
                 self.evictable_pages += leaf.num_pages
+                self._num_nodes += 1
+                self._offer(leaf)
                 return pos
             m = self._aligned(_common_len(child.key, ids[pos:]))
             if m < len(child.key):
                 child = self._split(child, m)
             child.last_access = self._tick
             child.priority = max(child.priority, priority)
+            self._offer(child)
             pos += m
             node = child
         return pos
@@ -192,35 +218,35 @@ class RadixCache:
     # ---- eviction ---------------------------------------------------------------------
     def evict(self, num_pages: int) -> np.ndarray:
         """Free at least num_pages pages from unreferenced leaves (fewer if not enough are
-        evictable); returns the freed page ids for the allocator."""
+        evictable), smallest (key, nid) first; returns the freed page ids for the allocator."""
         if num_pages <= 0:
             return np.zeros(0, np.int64)
-        key = self.eviction_key
-        heap = []
-        stack = [self.root]
-        while stack:  # explicit DFS in insertion order: deterministic
-            node = stack.pop()
-            if node.children:
-                stack.extend(node.children.values())
-            elif node.lock_ref == 0:
-                heap.append((key(node), node.nid, node))
-        heapq.heapify(heap)
+        if len(self._heap) > 2 * self._num_nodes + 64:
+            self._rebuild_heap()
+        key, heap = self.eviction_key, self._heap
         freed, got = [], 0
         while got < num_pages and heap:
-            _, _, node = heapq.heappop(heap)
+            k, _, _, node = heapq.heappop(heap)
+            if node.lock_ref or node.children or not self._in_tree(node) or key(node) != k:
+                continue  # stale: locked, grown, evicted, or offered again with its newer key
             freed.append(node.pages)
             got += node.num_pages
             self._remove_leaf(node)
-            parent = node.parent
-            if parent is not self.root and not parent.children and parent.lock_ref == 0:
-                heapq.heappush(heap, (key(parent), parent.nid, parent))
+            self._offer(node.parent)
         self.evicted_pages_total += got
         return np.concatenate(freed) if freed else np.zeros(0, np.int64)
+
+    def _rebuild_heap(self) -> None:
+        """Only the evictable leaves, with their keys now (drops the stale entries)."""
+        self._heap = []
+        for node in self.nodes():
+            self._offer(node)
 
     def _remove_leaf(self, node: RadixNode) -> None:
         del node.parent.children[self._child_key(node.key, 0)]
         self.cached_pages -= node.num_pages
         self.evictable_pages -= node.num_pages
+        self._num_nodes -= 1
 
     # ---- inspection -------------------------------------------------------------------
     def nodes(self):

@@ -49,6 +49,8 @@ class DecodeManager:
             r.inflight += 1
         plan.cached_lens = np.array(cached, np.int64)
         plan.samples = np.array(samples, bool)
+        plan.num_samples = samples.count(True)
+        plan.kv_tokens = sum(cached) + sum(plan.num_tokens)
         return n_dec, pre_reqs, pre_tok
 
     def complete(self, plan: BatchPlan, tokens: np.ndarray, now: float) -> list[Request]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import bisect
 
-import numpy as np
 
 from testbed.core import BatchPlan, Request, RequestState
 from testbed.scheduler.cache_manager import CacheManager
@@ -64,7 +63,7 @@ class PrefillAdder:
         while short > 0 and len(plan):  # what is left is in flight: run fewer this step
             deferred += self._drop(plan, lambda x, last=plan.reqs[-1]: x is last)
             needs, held, short = self._shortfall(plan)
-        total = int(needs.sum())
+        total = sum(needs)
         evicted = 0
         if total:
             pages, evicted = self.kv.alloc(total)
@@ -87,10 +86,10 @@ class PrefillAdder:
                 plan.num_tokens[i] = min(plan.num_tokens[i], r.extend_len)
         return admitted, (self._drop(plan, lambda r: r.state is not RUNNING) if rowless else 0)
 
-    def _shortfall(self, plan: BatchPlan) -> tuple[np.ndarray, np.ndarray, int]:
-        """page_needs' two arrays, and how many pages more than free + evictable they need."""
+    def _shortfall(self, plan: BatchPlan) -> tuple[list[int], list[int], int]:
+        """page_needs' two lists, and how many pages more than free + evictable they need."""
         needs, held = self.rows.page_needs(plan.reqs, plan.num_tokens)
-        return needs, held, int(needs.sum()) - self.kv.available_pages
+        return needs, held, sum(needs) - self.kv.available_pages
 
     @staticmethod
     def _drop(plan: BatchPlan, which) -> int:

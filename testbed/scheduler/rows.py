@@ -36,27 +36,37 @@ class RowManager:
     def write(self, r: Request, start: int, slots: np.ndarray) -> None:
         self.page_table.write(r.row, start, slots)
 
-    def page_needs(self, reqs: list[Request], num_tokens: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        """(new pages each item needs for its tokens this step, pages each already has)."""
-        n = len(reqs)
-        end = np.fromiter((r.cached_len for r in reqs), np.int64, n) + np.asarray(num_tokens, np.int64)
-        held = np.fromiter((r.num_pages for r in reqs), np.int64, n)
+    def page_needs(self, reqs: list[Request], num_tokens: list[int]) -> tuple[list[int], list[int]]:
+        """(new pages each item needs for its tokens this step, pages each already has). Plain
+        lists: a plan is tens to hundreds of items, where a numpy array per list cost more
+        in its making than the arithmetic it saved."""
+        held = [r.num_pages for r in reqs]
         P = self.page_size
-        return np.maximum(0, (end if P == 1 else -(-end // P)) - held), held
+        if P == 1:
+            needs = [max(0, r.cached_len + n - h) for r, n, h in zip(reqs, num_tokens, held)]
+        else:
+            needs = [max(0, -(-(r.cached_len + n) // P) - h) for r, n, h in zip(reqs, num_tokens, held)]
+        return needs, held
 
-    def map_new_pages(self, reqs: list[Request], needs: np.ndarray, held: np.ndarray, pages: np.ndarray) -> None:
-        """Write every item's new pages (page_needs' two arrays) into its row in one scatter."""
+    def map_new_pages(self, reqs: list[Request], needs: list[int], held: list[int], pages: np.ndarray) -> None:
+        """Write every item's new pages (page_needs' two lists) into its row in one scatter."""
         P = self.page_size
-        has = np.flatnonzero(needs)
-        k = needs[has]
-        rows = np.fromiter((reqs[i].row for i in has.tolist()), np.int64, len(has))
-        item = np.repeat(np.arange(len(has)), k)
-        page_no = held[has][item] + (np.arange(len(pages)) - np.repeat(np.cumsum(k) - k, k))
+        has = [i for i, k in enumerate(needs) if k]
+        rows = [reqs[i].row for i in has]
+        first = [held[i] for i in has]  # each item's first new page's number in its row
+        if len(has) == len(pages):  # one new page per item (a decode step): no expansion
+            row_of, page_no = rows, first
+        else:
+            k = np.array([needs[i] for i in has], np.int64)
+            item = np.repeat(np.arange(len(has)), k)
+            page_no = np.asarray(first, np.int64)[item] + (np.arange(len(pages)) - np.repeat(np.cumsum(k) - k, k))
+            row_of = np.asarray(rows, np.int64)[item]
         table = self.page_table.table
         if P == 1:
-            table[rows[item], page_no] = pages
+            table[row_of, page_no] = pages
         else:
             offs = np.arange(P)
-            table[rows[item][:, None], page_no[:, None] * P + offs] = pages[:, None] * P + offs
-        for i, kk in zip(has.tolist(), k.tolist()):
-            reqs[i].num_pages += kk
+            table[np.asarray(row_of, np.int64)[:, None], np.asarray(page_no, np.int64)[:, None] * P + offs] = \
+                pages[:, None] * P + offs
+        for i in has:
+            reqs[i].num_pages += needs[i]

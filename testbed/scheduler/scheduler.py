@@ -131,7 +131,7 @@ class Scheduler:
         self.inflight_steps -= 1
         self._stats.pop(plan.step_id - 1, None)
         tokens = result.tokens
-        n_samples = int(plan.samples.sum())
+        n_samples = plan.num_samples
         if tokens is None or len(tokens) != n_samples:
             raise ValueError(f"step {plan.step_id}: expected {n_samples} tokens, got "
                              f"{None if tokens is None else len(tokens)}")

@@ -67,7 +67,6 @@ def synthetic_tokens(plan: BatchPlan) -> np.ndarray:
     """Deterministic stand-in ids (never an EOS: the simulator's lengths come from the trace):
     distinct per request and position, so finished sequences cached in the radix tree share
     nothing by accident."""
-    reqs = [r for r, s in zip(plan.reqs, plan.samples) if s]
-    rid = np.fromiter((r.rid for r in reqs), np.int64, len(reqs))
-    pos = np.fromiter((r.device_len for r in reqs), np.int64, len(reqs))
-    return (rid * 1_000_003 + pos) % 1_000_000_000 + 1_000_000_000  # < 2**31: int32 like prompt ids
+    # one list comprehension: a plan's tens of items cost less so than two fromiter calls
+    return np.array([(r.rid * 1_000_003 + r.device_len) % 1_000_000_000 + 1_000_000_000
+                     for r, s in zip(plan.reqs, plan.samples.tolist()) if s], np.int64)  # < 2**31: int32 like prompt ids

@@ -13,19 +13,40 @@ import pandas as pd
 
 STATES_DONE = ("FINISHED", "REJECTED", "ABORTED", "FAILED")
 PERCENTILES = (90, 99)  # besides the median
+# the columns summarize reads: a writer hands it only these (the others would be copied into
+# pandas for nothing: the chunk lists, a long run's 20 other step columns)
+REQUEST_COLUMNS = ("state", "arrival_s", "finish_s", "prompt_tokens", "output_tokens", "prefix_cached_tokens",
+                   "preemptions", "ttft_s", "tpot_s", "e2e_s", "queue_s", "token_times_s")
+STEP_COLUMNS = ("pages_used", "pages_cached", "pages_free", "batch_reqs", "evicted_pages")
 
 
-def latency_samples(done: pd.DataFrame) -> dict[str, np.ndarray]:
+def latency_samples(done: pd.DataFrame, gaps: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Finite latencies of finished requests, ms, as vLLM's benchmark collects them: ttft,
     tpot (requests with more than one output token), itl (every gap between two tokens of
-    a request), e2el (arrival to last token), and queue (arrival to first scheduled)."""
+    a request), e2el (arrival to last token), and queue (arrival to first scheduled).
+    gaps: the itl gaps in seconds (token_gaps) when `done` has no token_times_s column."""
     def ms(v) -> np.ndarray:
         v = np.asarray(v, dtype=float) * 1000.0
         return v[np.isfinite(v)]
-    gaps = [np.diff(np.asarray(t, float)) for t in done["token_times_s"] if t is not None and len(t) > 1]
-    return {"ttft": ms(done["ttft_s"]), "tpot": ms(done["tpot_s"]),
-            "itl": ms(np.concatenate(gaps) if gaps else np.zeros(0)),
+    if gaps is None:
+        per_request = [np.diff(np.asarray(t, float)) for t in done["token_times_s"] if t is not None and len(t) > 1]
+        gaps = np.concatenate(per_request) if per_request else np.zeros(0)
+    return {"ttft": ms(done["ttft_s"]), "tpot": ms(done["tpot_s"]), "itl": ms(gaps),
             "e2el": ms(done["e2e_s"]), "queue": ms(done["queue_s"])}
+
+
+def token_gaps(token_times) -> np.ndarray:
+    """Every gap between two tokens of a request, the requests in order, from a pyarrow list
+    column of their token times (nulls: none), worked on flat: a long run has millions."""
+    import pyarrow.compute as pc
+    lens = pc.list_value_length(token_times).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    flat = pc.list_flatten(token_times).to_numpy(zero_copy_only=False).astype(float, copy=False)
+    if len(flat) < 2:
+        return np.zeros(0)
+    inside = np.ones(len(flat) - 1, bool)  # gap i is flat[i + 1] - flat[i]: inside a request unless i + 1 starts one
+    starts = np.cumsum(lens)[:-1]
+    inside[starts[(starts > 0) & (starts < len(flat))] - 1] = False
+    return np.diff(flat)[inside]
 
 
 def stat_name(stat, metric: str) -> str:
@@ -66,10 +87,14 @@ def offered_rate(requests: pd.DataFrame) -> float:
 
 
 def summarize(requests: pd.DataFrame, steps: pd.DataFrame | None = None, slo_ttft_ms: float | None = None,
-              slo_tpot_ms: float | None = None, slo_e2e_ms: float | None = None) -> dict:
+              slo_tpot_ms: float | None = None, slo_e2e_ms: float | None = None, token_times=None) -> dict:
     """Metrics over one run's requests.parquet (and steps.parquet for KV/batch figures).
-    Throughputs are over the run's duration: first arrival to last finish."""
-    done = requests[requests["state"] == "FINISHED"]
+    Throughputs are over the run's duration: first arrival to last finish. token_times: the
+    requests' token_times_s as a pyarrow list array (their rows' order), when `requests` leaves
+    that column out (a writer keeps a long run's token times flat)."""
+    finished = requests["state"] == "FINISHED"
+    done = requests[finished]
+    gaps = None if token_times is None else token_gaps(token_times.filter(finished.to_numpy(bool)))
     ended = requests["state"].isin(STATES_DONE)
     out = {
         "num_requests": int(len(requests)),
@@ -93,7 +118,7 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame | None = None, slo_ttf
         "output_throughput": output / duration if len(done) else 0.0,
         "total_token_throughput": (prompt + output) / duration if len(done) else 0.0,
     })
-    samples = latency_samples(done)
+    samples = latency_samples(done, gaps)
     for metric in ("ttft", "tpot", "itl", "e2el", "queue"):
         out.update(latency_stats(metric, samples[metric]))
     out.update({k.replace("_e2el_", "_e2e_latency_"): v for k, v in out.items() if "_e2el_" in k and "std" not in k})

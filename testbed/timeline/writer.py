@@ -7,28 +7,39 @@ import os
 import platform
 import subprocess
 import sys
+from array import array
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from testbed.timeline import metrics as metric_columns
 from testbed.timeline.metrics import summarize
 from testbed.timeline.records import request_row
+from testbed.timeline.request_rows import RequestRows
 from testbed.timeline.schema import REQUESTS_SCHEMA, STEPS_SCHEMA
 
 STEP_COLUMNS = [f.name for f in STEPS_SCHEMA]
+# a step row's numbers in typed arrays (8 bytes a value, not a Python object and a pointer:
+# a long run has millions); predicted_s stays a list: the engine fills it after the run (None until then)
+_TYPECODES = {pa.int64(): "q", pa.float64(): "d"}
+_NUMPY = {"q": np.int64, "d": np.float64}
+NULLABLE_STEP_COLUMNS = {"predicted_s"}
 
 
 class StepLog:
-    """Columnar, append-only: one list per column, so a step costs one append each."""
+    """Columnar, append-only: one column per field, so a step costs one append each."""
 
     def __init__(self):
-        self.cols = {c: [] for c in STEP_COLUMNS}
+        self.cols = {f.name: [] if f.name in NULLABLE_STEP_COLUMNS else array(_TYPECODES[f.type])
+                     for f in STEPS_SCHEMA}
+        self._appends = [(c, self.cols[c].append) for c in STEP_COLUMNS]  # bound once, not per step
         self.output_tokens = 0  # sampled so far, for progress reports
 
     def append(self, **row) -> None:
-        for c in STEP_COLUMNS:
-            self.cols[c].append(row[c])
+        for c, append in self._appends:
+            append(row[c])
 
     def set_last(self, column: str, value) -> None:
         self.cols[column][-1] = value
@@ -37,13 +48,17 @@ class StepLog:
         return len(self.cols["step"])
 
     def table(self) -> pa.Table:
-        return pa.table(self.cols, schema=STEPS_SCHEMA)
+        cols = {c: v if isinstance(v, list) else np.frombuffer(v, _NUMPY[v.typecode]) for c, v in self.cols.items()}
+        return pa.table(cols, schema=STEPS_SCHEMA)
 
 
-def requests_table(reqs, keep_output_ids: bool, row=request_row) -> pa.Table:
-    """row: a request's row (request_row for the scheduler's ledger, testbed.client's client_row)."""
-    rows = [row(r, keep_output_ids) for r in sorted(reqs, key=lambda r: r.rid)]
-    return pa.Table.from_pylist(rows, schema=REQUESTS_SCHEMA)
+def requests_table(reqs, keep_output_ids: bool, row=request_row, rows: RequestRows | None = None) -> pa.Table:
+    """row: a request's row (request_row for the scheduler's ledger, testbed.client's client_row);
+    rows: rows gathered already (a replay's streamed ones), the requests `reqs` added to them."""
+    rows = rows if rows is not None else RequestRows(keep_output_ids, row)
+    for r in reqs:
+        rows.add(r)
+    return rows.table()
 
 
 def git_revision() -> str | None:
@@ -73,14 +88,14 @@ class WriteError(RuntimeError):
 
 
 def write_run(out_dir: str | os.PathLike, reqs, steps: StepLog, config: dict, extra: dict,
-              keep_output_ids: bool, slo=None, row=request_row) -> dict:
+              keep_output_ids: bool, slo=None, row=request_row, rows: RequestRows | None = None) -> dict:
     """Write the three files; returns the summary dict. A file that cannot be written is left
     out (no partial file: each is written to a temporary name and renamed) and the others are
     still written; then WriteError names it and why, with the summary dict as `.summary`.
-    slo: the run's SLOConfig (goodput and SLO attainment), or None. row: as requests_table's."""
+    slo: the run's SLOConfig (goodput and SLO attainment), or None. row, rows: as requests_table's."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    rt = requests_table(reqs, keep_output_ids, row)
+    rt = requests_table(reqs, keep_output_ids, row, rows)
     st = steps.table()
     failed: dict[str, str] = {}  # file -> why it could not be written
 
@@ -98,7 +113,9 @@ def write_run(out_dir: str | os.PathLike, reqs, steps: StepLog, config: dict, ex
     attempt("requests.parquet", lambda t: pq.write_table(rt, t, compression="zstd"))
     attempt("steps.parquet", lambda t: pq.write_table(st, t, compression="zstd"))
     slos = (slo.ttft_ms, slo.tpot_ms, slo.e2e_ms) if slo is not None else ()
-    metrics = summarize(rt.to_pandas(), st.to_pandas(), *slos)
+    scalars = [c for c in metric_columns.REQUEST_COLUMNS if c != "token_times_s"]  # the times stay flat
+    metrics = summarize(rt.select(scalars).to_pandas(), st.select(list(metric_columns.STEP_COLUMNS)).to_pandas(),
+                        *slos, token_times=rt.column("token_times_s").combine_chunks())
     summary = {"metrics": metrics, **extra, "config": config, "versions": versions(), "git_revision": git_revision()}
     if failed:  # the summary says which of its files are missing
         summary["unwritten_files"] = list(failed)

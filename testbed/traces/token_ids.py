@@ -69,7 +69,8 @@ def keyed_table(seed: int, stream: int, keys: np.ndarray, length: int, vocab: in
 def keyed_runs(seed: int, stream: int, keys: np.ndarray, starts: np.ndarray,
                lens: np.ndarray, vocab: int) -> list[np.ndarray]:
     """For each i, the ids of key i at positions starts[i] .. starts[i] + lens[i] - 1.
-    The arrays are views into one buffer."""
+    The arrays are views into one buffer per chunk of about _CHUNK tokens (consecutive
+    keys), so a replay that drops the ids of its finished requests frees them chunk by chunk."""
     lens = np.asarray(lens, dtype=np.int64)
     starts = np.asarray(starts, dtype=np.int64)
     n = len(lens)
@@ -78,7 +79,7 @@ def keyed_runs(seed: int, stream: int, keys: np.ndarray, starts: np.ndarray,
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(lens, out=offsets[1:])
     bases = key_bases(seed, stream, keys)
-    out = np.empty(int(offsets[-1]), dtype=np.int32)
+    runs: list[np.ndarray] = []
     a = 0
     while a < n:  # whole requests, about _CHUNK tokens at a time
         b = int(np.searchsorted(offsets, offsets[a] + _CHUNK, side="right")) - 1
@@ -86,9 +87,9 @@ def keyed_runs(seed: int, stream: int, keys: np.ndarray, starts: np.ndarray,
         seg = lens[a:b]
         local = offsets[a:b] - offsets[a]
         pos = np.arange(int(offsets[b] - offsets[a]), dtype=np.int64) - np.repeat(local - starts[a:b], seg)
-        out[offsets[a]:offsets[b]] = _ids(np.repeat(bases[a:b], seg), pos, vocab)
+        runs.extend(np.split(_ids(np.repeat(bases[a:b], seg), pos, vocab), local[1:]))
         a = b
-    return np.split(out, offsets[1:-1])
+    return runs
 
 
 def unique_ids(seed: int, rids: np.ndarray, lens: np.ndarray, vocab: int) -> list[np.ndarray]:

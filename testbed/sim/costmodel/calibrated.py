@@ -224,11 +224,19 @@ class CalibratedCostModel:
     def is_graph(self, n: np.ndarray) -> bool:
         return self.max_graph > 0 and n.shape[0] <= self.max_graph and bool((n == 1).all())
 
+    def _graph(self, b: int, tok: int) -> bool:
+        """is_graph of a batch as_batch checked (every item extends by >= 1: all by exactly 1
+        when the tokens are as many as the items), from its sizes."""
+        return self.max_graph > 0 and b <= self.max_graph and tok == b
+
     def device_time(self, extend_lens, cached_lens) -> float:
         n, c = as_batch(extend_lens, cached_lens)
         b, tok = n.shape[0], int(n.sum())
-        kv = int(c.sum()) + tok
-        if self.is_graph(n):
+        return self._device_time(n, c, b, tok, int(c.sum()) + tok, self._graph(b, tok))
+
+    def _device_time(self, n: np.ndarray, c: np.ndarray, b: int, tok: int, kv: int, graph: bool) -> float:
+        """device_time of a batch whose sizes the caller has (step_cost: computed once a step)."""
+        if graph:
             i = int(np.searchsorted(self.sizes, b))
             s = int(self.sizes[i])
             if not self._g_third[i]:
@@ -265,8 +273,9 @@ class CalibratedCostModel:
         f = {"reqs": b, "tokens": tok, "kv_tokens": int(c.sum()) + tok}
         h = self.host
         kind = "decode" if tok == b else "prefill"
-        launch = h["launch_graph"] if self.is_graph(n) else h["launch_eager"]
-        return StepCost(_dot(h[f"host_{kind}"], f), _dot(launch, f), self.device_time(n, c),
+        graph = self._graph(b, tok)
+        launch = h["launch_graph"] if graph else h["launch_eager"]
+        return StepCost(_dot(h[f"host_{kind}"], f), _dot(launch, f), self._device_time(n, c, b, tok, f["kv_tokens"], graph),
                         _dot(h[f"complete_{kind}"], f))
 
     def step_time(self, extend_lens: np.ndarray, cached_lens: np.ndarray) -> float:
