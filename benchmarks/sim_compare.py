@@ -7,7 +7,7 @@ that renames settings, --rename OLD=NEW translates the base tree's overrides to 
     git worktree add --detach ../base main
     python benchmarks/sim_compare.py --base ../base [--requests 50] [--rename policy.x=scheduler.x] [--added-columns a,b]
 
-Exits 1 when any run differs (or fails in one tree only).
+Exits 1 when any run differs or fails (in either tree: a run both trees refuse compares nothing).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sim_fingerprint import runs as fingerprint_runs  # noqa: E402  the same runs, one list
 
 # knobs each policy reads, in the base tree's names: a rename must keep their effect
-KNOBS = [["policy=chunked", "policy.max_running=4"], ["policy=prefill_first", "policy.max_running=3"],
+KNOBS = [["policy=chunked", "scheduler.max_running=4"], ["policy=prefill_first", "scheduler.max_running=3"],
          ["policy=prefill_first", "policy.max_prefill_tokens=512"], ["policy=decode_first", "policy.max_prefill_tokens=300"],
          ["policy=chunked", "policy.token_budget=128"], ["policy=chunked", "policy.chunk_size=64"]]
 FILES = ("requests.parquet", "steps.parquet")
@@ -95,9 +95,10 @@ def main(argv=None) -> int:
         for i, r in enumerate(runs):
             dirs = (top / f"{i}_base", top / f"{i}_this")
             errs = (run_in(base, common + r, dirs[0]), run_in(ROOT, common + renamed(r, renames), dirs[1]))
-            if any(errs):
-                same = errs[0] == errs[1]
-                verdict = f"both fail: {errs[0]}" if same else f"FAILS: base {errs[0]!r}, this {errs[1]!r}"
+            if any(errs):  # a run that fails compares nothing, in one tree or both
+                same = False
+                verdict = (f"NOT COMPARED, both fail: {errs[0]}" if errs[0] == errs[1]
+                           else f"FAILS: base {errs[0]!r}, this {errs[1]!r}")
             else:
                 diffs = compare(*dirs, tuple(c for c in a.added_columns.split(",") if c))
                 same = not diffs
