@@ -158,10 +158,14 @@ def refit(path: Path, out: Path | None, host_from: list[Path] = (), device_from:
         device = pool_device_samples([g["samples"]["device"] for g in grids]) if device_from else \
             old["samples"]["device"]
         graph_grids = [same_deployment(p, "graph_from") for p in graph_from]
+        if graph_grids and not e["graph_sizes"]:
+            raise ValueError(f"graph_from: {path} was profiled without CUDA graphs (engine.cuda_graph_max_bs=0)")
         if graph_grids:
             in_graph = lambda d: d["kind"] == "decode" and d["reqs"] <= max(e["graph_sizes"])  # noqa: E731
-            device = [d for d in device if not in_graph(d)] + [
-                d for d in pool_device_samples([g["samples"]["device"] for g in graph_grids]) if in_graph(d)]
+            # one grid as measured (a grid may time a shape twice: pooling is across starts only)
+            theirs = graph_grids[0]["samples"]["device"] if len(graph_grids) == 1 else \
+                pool_device_samples([g["samples"]["device"] for g in graph_grids])
+            device = [d for d in device if not in_graph(d)] + [d for d in theirs if in_graph(d)]
             grids = graph_grids + grids  # the decode plan: the graph grid's first
         raw = {"device_samples": device, "host_samples": host,
                "graph_sizes": e["graph_sizes"], "piece_sizes": old["device"]["eager"].get("piece_sizes", []),

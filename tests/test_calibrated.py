@@ -192,6 +192,27 @@ def test_refit_reproduces_the_committed_profile(tmp_path):
 PROFILE_PATH = REPO / "testbed/sim/costmodel/profiles" / f"{PROFILE}.json"
 
 
+def test_refit_takes_the_decode_graph_shapes_from_graph_from(tmp_path):
+    """The committed Qwen3-0.6B profile is its own grid with the CUDA-graph decode shapes of a
+    re-measured one: refit with graph_from= makes it again, and only its graph part moves."""
+    other = REPO / "benchmarks/results/decode/h200_qwen3_0_6b_pending_ids.json"
+    out = tmp_path / "g.json"
+    p = subprocess.run([sys.executable, "-m", "testbed.profile", f"refit={PROFILE_PATH}", f"graph_from={other}",
+                        f"out={out}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    new, old, g = json.loads(out.read_text()), load_profile(PROFILE), json.loads(other.read_text())
+    assert new["device"] == old["device"] and new["host"] == old["host"]
+    top = max(g["engine"]["graph_sizes"])
+    keys = ("kind", "pattern", "reqs", "extend", "cached", "device_s")
+    graph = lambda samples: sorted(json.dumps([d.get(k) for k in keys]) for d in samples  # noqa: E731
+                                   if d["kind"] == "decode" and d["reqs"] <= top)
+    assert graph(new["samples"]["device"]) == graph(g["samples"]["device"])
+    assert [m["date"] for m in new["graph_machines"]] == [g["machine"]["date"]]
+    p = subprocess.run([sys.executable, "-m", "testbed.profile", f"graph_from={other}"],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "go with refit=PATH" in p.stderr
+
+
 def test_a_fresh_profile_on_cuda_fits_the_fa2_plan_with_the_default_attention():
     """engine.attention's default (null) is flashinfer on CUDA: its prefill plan is a feature of the fit."""
     from testbed.config import EngineConfig
