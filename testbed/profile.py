@@ -16,8 +16,8 @@ hardware) plus the profiler's own:
   device_from=A,B with refit: pool the device grids of these profiles with PATH's (per shape,
                   the median over the starts that measured it)
   graph_from=A,B  with refit: the CUDA-graph decode shapes from these profiles' grids instead
-                  (pooled as device_from pools), the other shapes as above: a decode-graph
-                  grid re-measured with a profiler change, the rest of the grid kept
+                  (one grid as measured; several pooled as device_from pools), the other shapes
+                  as above: a decode-graph grid re-measured with a profiler change, the rest kept
 
 What is measured and how it is fitted: testbed/engine/profiler.py and
 testbed/sim/costmodel/calibrated.py. A model's profile costs a few minutes on a GPU."""
@@ -128,7 +128,7 @@ def refit(path: Path, out: Path | None, host_from: list[Path] = (), device_from:
     """Fit a stored profile's samples again, with the deployment it records; host_from: more
     profiles of the same deployment whose host workloads join the host fit; device_from: more
     whose device grids are pooled with this one's; graph_from: profiles whose CUDA-graph decode
-    shapes replace the grid's (pooled among them)."""
+    shapes replace the grid's (several: pooled among them)."""
     from testbed import assemble
     from testbed.config import compose
     from testbed.sim.costmodel.calibrated import load_profile, write_profile
