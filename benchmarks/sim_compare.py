@@ -50,6 +50,15 @@ def run_in(tree: Path, overrides: list[str], out: Path) -> str | None:
     return None
 
 
+def cells_equal(fa: pd.DataFrame, fb: pd.DataFrame) -> pd.DataFrame:
+    """Cell by cell, as DataFrame.equals sees them: both missing is equal, list cells (the
+    per-token times, the chunks) compare as tuples."""
+    def norm(d):
+        return d.apply(lambda col: col.map(lambda v: tuple(v) if hasattr(v, "__len__") and not isinstance(v, str) else v))
+    a, b = norm(fa), norm(fb)
+    return (a == b) | (a.isna() & b.isna())
+
+
 def compare(a: Path, b: Path, added: tuple[str, ...] = ()) -> list[str]:
     """What differs between two run directories (empty: nothing); `added`: columns only the
     second may have (a schema that grew), left out of the comparison."""
@@ -60,7 +69,7 @@ def compare(a: Path, b: Path, added: tuple[str, ...] = ()) -> list[str]:
         if list(fa.columns) != list(fb.columns):
             diffs.append(f"{name}: columns {sorted(set(fa.columns) ^ set(fb.columns))} in one only")
         elif not fa.equals(fb):
-            rows = len(fa) if len(fa) != len(fb) else int((fa != fb).any(axis=1).sum())
+            rows = len(fa) if len(fa) != len(fb) else int((~cells_equal(fa, fb)).any(axis=1).sum())
             diffs.append(f"{name}: {rows} rows differ ({len(fa)} vs {len(fb)} rows)")
     ma, mb = (json.loads((d / "summary.json").read_text())["metrics"] for d in (a, b))
     # a metric this tree added is no difference; one it dropped or changed is
