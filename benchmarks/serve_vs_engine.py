@@ -19,13 +19,11 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from testbed.serve.server_process import ServerError, ServerProcess, child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 METRICS = ("output_throughput", "request_throughput", "mean_ttft_ms", "median_ttft_ms", "p90_ttft_ms",
@@ -33,17 +31,6 @@ METRICS = ("output_throughput", "request_throughput", "mean_ttft_ms", "median_tt
            "median_e2el_ms", "p90_e2el_ms")
 SERVER_START_S = 900  # model load and the engine's warm-up of every step kind
 SERVER_ONLY = ("serve.",)  # overrides the in-process run does not take
-
-
-def child_env() -> dict:
-    """This tree first on the path, and whatever the caller's PYTHONPATH held (a --target site)."""
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def trace_overrides(rate: str, n: int) -> list[str]:
@@ -74,45 +61,6 @@ def run_in_process(overrides: list[str], plan: list[tuple[str, int]], out: Path)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     return result
-
-
-class Server:
-    def __init__(self, overrides: list[str], out: Path):
-        import httpx
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = out.parent / f"{out.name}.log"
-        self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "testbed.serve", *overrides, f"serve.port={self.port}", f"hydra.run.dir={out}"],
-            cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT, env=child_env())
-        deadline = time.monotonic() + SERVER_START_S
-        while True:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"the server exited with {self.proc.returncode}; its log: {self.log_path}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                self.kill()
-                raise SystemExit(f"the server did not answer /health in {SERVER_START_S} s; its log: {self.log_path}")
-            time.sleep(0.5)
-
-    def stop(self, timeout: float = 300) -> int:
-        """Ctrl-C: the server writes its requests.parquet / steps.parquet / summary.json."""
-        self.proc.send_signal(signal.SIGINT)
-        try:
-            return self.proc.wait(timeout)
-        finally:
-            self._log.close()
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self._log.close()
 
 
 def replay(url: str, overrides: list[str], rate: str, n: int, out: Path) -> dict:
@@ -173,13 +121,16 @@ def main() -> int:
 
     http, served = {}, {}
     for rate, n in plan:  # a fresh server a rate: its prefix cache holds none of the last rate's prompts
-        server = Server(a.overrides, a.out / f"served_{rate}")
+        try:
+            server = ServerProcess(a.overrides, a.out / f"served_{rate}", SERVER_START_S)
+        except ServerError as e:
+            raise SystemExit(str(e)) from None
         try:
             http[rate] = replay(server.url, a.overrides, rate, n, a.out)
         except BaseException:
             server.kill()
             raise
-        rc = server.stop()
+        rc = server.stop(timeout=300)
         if rc != 0:
             raise SystemExit(f"the server exited with {rc} on Ctrl-C; its log: {server.log_path}")
         served[rate] = client_over_server(a.out, rate)
