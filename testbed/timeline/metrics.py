@@ -29,8 +29,8 @@ def latency_samples(done: pd.DataFrame, gaps: np.ndarray | None = None) -> dict[
         v = np.asarray(v, dtype=float) * 1000.0
         return v[np.isfinite(v)]
     if gaps is None:
-        per_request = [np.diff(np.asarray(t, float)) for t in done["token_times_s"] if t is not None and len(t) > 1]
-        gaps = np.concatenate(per_request) if per_request else np.zeros(0)
+        import pyarrow as pa
+        gaps = token_gaps(pa.array(list(done["token_times_s"]), type=pa.list_(pa.float64())))
     return {"ttft": ms(done["ttft_s"]), "tpot": ms(done["tpot_s"]), "itl": ms(gaps),
             "e2el": ms(done["e2e_s"]), "queue": ms(done["queue_s"])}
 

@@ -222,11 +222,12 @@ class CalibratedCostModel:
 
     # ------------------------------------------------------------------ parts
     def is_graph(self, n: np.ndarray) -> bool:
-        return self.max_graph > 0 and n.shape[0] <= self.max_graph and bool((n == 1).all())
+        """Whether a batch of these extend lengths (each >= 1) runs in a decode CUDA graph."""
+        return self._graph(n.shape[0], int(n.sum()))
 
     def _graph(self, b: int, tok: int) -> bool:
-        """is_graph of a batch as_batch checked (every item extends by >= 1: all by exactly 1
-        when the tokens are as many as the items), from its sizes."""
+        """is_graph from a batch's sizes (every item extends by >= 1: all by exactly 1 when the
+        tokens are as many as the items)."""
         return self.max_graph > 0 and b <= self.max_graph and tok == b
 
     def device_time(self, extend_lens, cached_lens) -> float:
