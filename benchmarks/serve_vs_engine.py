@@ -78,8 +78,9 @@ def replay(url: str, overrides: list[str], rate: str, n: int, out: Path) -> dict
 
 
 def client_over_server(out: Path, rate: str) -> dict:
-    """The server's own metrics of the requests the replay sent, and the client's TTFT and E2E
-    over the server's for each request (ms: HTTP, tokenizer and detokenizer)."""
+    """The server's own metrics of the requests the replay sent, the client's TTFT and E2E
+    over the server's for each request (ms: HTTP, tokenizer and detokenizer), and the client's
+    TTFT split by stage (STAGES), the two runs' clocks lined up by their summaries' origins."""
     import numpy as np
     import pandas as pd
 
@@ -97,7 +98,23 @@ def client_over_server(out: Path, rate: str) -> dict:
     e2e = (both["e2e_s_client"] - both["e2e_s_server"]).to_numpy() * 1e3
     q = lambda a: {"median": float(np.median(a)), "p90": float(np.quantile(a, 0.9)),  # noqa: E731
                    "min": float(a.min()), "max": float(a.max())}
-    return {"server_metrics": summarize(served), "ttft_over_ms": q(ttft), "e2e_over_ms": q(e2e)}
+    origin = {side: json.loads((out / d / "summary.json").read_text())["clock_origin_s"]
+              for side, d in (("client", f"http_{rate}"), ("server", f"served_{rate}"))}
+    shift = origin["client"] - origin["server"]  # a client time plus this is on the server's clock
+    b = {k: both[k].to_numpy(float) for k in ("arrival_s_client", "first_scheduled_s_client", "first_token_s_client",
+                                               "received_s_server", "tokenized_s_server", "arrival_s_server", "first_token_s_server")}
+    sent, first = b["first_scheduled_s_client"] + shift, b["first_token_s_client"] + shift
+    stages = {"client_late": b["first_scheduled_s_client"] - b["arrival_s_client"],
+              "http_in": b["received_s_server"] - sent, "tokenizer": b["tokenized_s_server"] - b["received_s_server"],
+              "to_scheduler": b["arrival_s_server"] - b["tokenized_s_server"],
+              "engine": b["first_token_s_server"] - b["arrival_s_server"], "back_to_client": first - b["first_token_s_server"]}
+    return {"server_metrics": summarize(served), "ttft_over_ms": q(ttft), "e2e_over_ms": q(e2e),
+            "ttft_stages_ms": {k: q(v * 1e3) for k, v in stages.items()}}
+
+
+STAGES = ("client_late: the trace's arrival to the client sending it; http_in: sent to the app's handler; "
+          "tokenizer: the handler to the ids ready; to_scheduler: to the scheduler taking it; engine: to the "
+          "first token's step end (the server's TTFT); back_to_client: to the client reading it")
 
 
 def main() -> int:
@@ -135,7 +152,8 @@ def main() -> int:
             raise SystemExit(f"the server exited with {rc} on Ctrl-C; its log: {server.log_path}")
         served[rate] = client_over_server(a.out, rate)
 
-    result = {"overrides": a.overrides, "plan": plan, "engine": engine, "http": http, "served": served}
+    result = {"overrides": a.overrides, "plan": plan, "engine": engine, "http": http, "served": served,
+              "ttft_stages": STAGES}
     (a.out / "serve_vs_engine.json").write_text(json.dumps(result, indent=1) + "\n")
     # every request the server took finished, and as many as in-process (the same ones are over the context)
     bad = [r for r, _ in plan if http[r]["errors"] or http[r]["unfinished"]
@@ -149,6 +167,9 @@ def main() -> int:
         o = served[rate]
         print(f"{rate:>6} client - server per request, ms: TTFT median {o['ttft_over_ms']['median']:.2f} "
               f"(p90 {o['ttft_over_ms']['p90']:.2f}), E2E median {o['e2e_over_ms']['median']:.2f}")
+        print(f"{rate:>6} client TTFT by stage, median (p90) ms: " + ", ".join(
+            f"{k} {v['median']:.2f} ({v['p90']:.2f})" for k, v in o["ttft_stages_ms"].items()))
+    print(f"stages: {STAGES}")
     if bad:
         print(f"rates {bad}: a replay had errors or unfinished requests, or finished other than in-process",
               file=sys.stderr)

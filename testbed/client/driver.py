@@ -32,6 +32,7 @@ class HttpDriver:
         self.progress = None  # callable(done, total, now, output_tokens) or None
         self._done = self._tokens = 0
         self._stop = None  # the exception a signal asked for
+        self.clock_origin = None  # t=0 of the records' times as a perf_counter() value, once running
 
     def run(self) -> None:
         main_thread = threading.current_thread() is threading.main_thread()
@@ -54,7 +55,7 @@ class HttpDriver:
         main = asyncio.current_task()
         if threading.current_thread() is threading.main_thread():  # Ctrl-C: asyncio.run cancels it itself
             asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self._terminate, main)
-        t0 = time.perf_counter()
+        t0 = self.clock_origin = time.perf_counter()
 
         def clock() -> float:
             return time.perf_counter() - t0
