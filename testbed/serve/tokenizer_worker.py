@@ -37,8 +37,8 @@ def prompt_ids(tok, m: GenerateReq, vocab_size: int) -> list[int]:
         ids = [int(i) for i in ids]
     elif m.input_ids is not None:
         ids = list(m.input_ids)
-        bad = next((i for i in ids if not 0 <= i < vocab_size), None)
-        if bad is not None:
+        if ids and (min(ids) < 0 or max(ids) >= vocab_size):  # min/max: C loops, a prompt's ids are thousands
+            bad = next(i for i in ids if not 0 <= i < vocab_size)
             raise BadRequest(f"token id {bad} is outside the vocabulary (0..{vocab_size - 1})", "prompt")
     else:
         ids = tok(m.text)["input_ids"]
