@@ -41,6 +41,16 @@ class StepLog:
         for c, append in self._appends:
             append(row[c])
 
+    def extend(self, **cols) -> None:
+        """Many rows at once: each column a sequence of equal length (float64 / int64 arrays
+        for the typed columns)."""
+        for c, col in self.cols.items():
+            v = cols[c]
+            if isinstance(col, list):
+                col.extend(v)
+            else:
+                col.frombytes(np.ascontiguousarray(v, _NUMPY[col.typecode]).tobytes())
+
     def set_last(self, column: str, value) -> None:
         self.cols[column][-1] = value
 
