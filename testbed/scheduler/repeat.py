@@ -25,14 +25,15 @@ def is_decode_of(sched, plan: BatchPlan, reqs) -> bool:
 def repeat_bound(sched, plan: BatchPlan, before: BatchPlan | None, overlap: bool, now: float) -> int:
     """How many more steps like `plan` (the last one scheduled; with overlap still in flight,
     `before` the one completed since) are sure to follow if nothing arrives: 0 unless plan is
-    a decode of every running request and, with overlap, `before` was a decode of the same
-    (so its completion ended none and changed no KV). No request may reach its last token
-    inside the run (it ends on the step after), nor any step need more pages than are free (no
-    eviction, no preemption)."""
+    a decode of every running request and, with overlap and someone waiting, `before` was a
+    decode of the same (its completion, after plan was made, ended none and changed no KV that
+    an admission reads; with nobody waiting there is no admission to change). No request may
+    reach its last token inside the run (it ends on the step after), nor any step need more
+    pages than are free (no eviction, no preemption)."""
     running = sched.running
     if sched.cfg.check_every_step or not running or not is_decode_of(sched, plan, running):
         return 0
-    if overlap and (before is None or not is_decode_of(sched, before, running)):
+    if overlap and sched.waiting and (before is None or not is_decode_of(sched, before, running)):
         return 0
     if not sched.policy.decodes_repeat(sched.view(now)):
         return 0
@@ -42,12 +43,7 @@ def repeat_bound(sched, plan: BatchPlan, before: BatchPlan | None, overlap: bool
     return min(k, sched.allocator.free_pages // len(running))  # a decode takes at most one page a step
 
 
-def page_counts(sched, reqs, k: int) -> np.ndarray:
-    """Pages the first j of k decode steps of `reqs` take, for j = 0..k."""
-    return np.concatenate([[0], np.cumsum(_new_pages(sched, reqs, k)[1].sum(axis=1))])
-
-
-def _new_pages(sched, reqs, k: int) -> tuple[np.ndarray, np.ndarray]:
+def new_pages(sched, reqs, k: int) -> tuple[np.ndarray, np.ndarray]:
     """(pages held before each step, k x items; new pages each step takes, k x items)."""
     P = sched.page_size
     c0 = np.array([r.cached_len for r in reqs], np.int64)
@@ -57,14 +53,15 @@ def _new_pages(sched, reqs, k: int) -> tuple[np.ndarray, np.ndarray]:
     return before, after - before
 
 
-def repeat_decodes(sched, reqs, k: int, tokens: np.ndarray, times, overlap: bool) -> BatchPlan | None:
+def repeat_decodes(sched, reqs, k: int, pages: tuple[np.ndarray, np.ndarray], tokens: np.ndarray, times,
+                   overlap: bool) -> BatchPlan | None:
     """Apply k more decode steps of `reqs` (the running requests, as the last plan ran them)
     as schedule and complete would have: the KV of each step, its page ids handed out in the
-    same order; the tokens delivered (tokens[i]: request i's, k each, at `times`); the step
+    same order (pages: new_pages of the k steps); the tokens delivered (tokens[i]: request i's, k each, at `times`); the step
     ids, the stats and the policy's per-step state. With overlap the steps delivered are the
     one in flight and the first k - 1 of the new ones, and the k-th is left in flight: its plan
     is returned (None without overlap)."""
-    held, new = _new_pages(sched, reqs, k)
+    held, new = pages
     total = int(new.sum())
     if total:
         pages, evicted = sched.kv.alloc(total)  # one allocation hands out what k in a row would

@@ -18,7 +18,7 @@ from array import array
 
 import numpy as np
 
-from testbed.scheduler.repeat import page_counts, repeat_bound, repeat_decodes
+from testbed.scheduler.repeat import new_pages, repeat_bound, repeat_decodes
 from testbed.sim.costmodel.base import decode_costs
 from testbed.sim.executor import SimHandle, synthetic_id
 
@@ -79,11 +79,12 @@ class FastPath:
             j += 1
         if not j:
             return inflight
-        self._record(sched, reqs, plan.step_id + (0 if overlap else 1), rows, j)  # the first step collected
+        pages = new_pages(sched, reqs, j)
+        self._record(sched, reqs, plan.step_id + (0 if overlap else 1), rows, np.cumsum(pages[1].sum(axis=1)))
         d0 = np.array([r.device_len for r in reqs], np.int64) + (0 if overlap else 1)  # the first id's length
         times = array("d", [r[1] for r in rows])
         tokens = synthetic_id(np.array([r.rid for r in reqs], np.int64)[:, None], d0[:, None] + np.arange(j))
-        last = repeat_decodes(sched, reqs, j, tokens, times, overlap)
+        last = repeat_decodes(sched, reqs, j, pages, tokens, times, overlap)
         ex.device_free, ex.applied = free, applied
         self.steps += j
         loop.steps.output_tokens += b * j
@@ -98,12 +99,11 @@ class FastPath:
                            prep, host_done, ready, dur, pred, cc)
         return handle, ts, tl, tld
 
-    def _record(self, sched, reqs, first: int, rows, k: int) -> None:
-        """The k collected steps' rows (ids from `first`), as record_step writes each: every one
-        a decode of the same requests, its KV counts as they stand when it is recorded (the
-        step after it scheduled with overlap)."""
-        b = len(reqs)
-        pages = page_counts(sched, reqs, k)[1:]  # the pool when the j-th row is written: j steps taken
+    def _record(self, sched, reqs, first: int, rows, pages: np.ndarray) -> None:
+        """The collected steps' rows (ids from `first`), as record_step writes each: every one a
+        decode of the same requests, its KV counts as they stand when it is recorded, the j-th
+        after j new steps took pages[j - 1] pages (with overlap the step after it is scheduled)."""
+        b, k = len(reqs), len(rows)
         kv0 = sum(r.cached_len for r in reqs) - (b if self.loop.overlap else 0)  # the first collected step's
         cols = list(zip(*rows))
         ints = np.full(k, 1, np.int64)
