@@ -1,9 +1,16 @@
 """Repeated decode steps: when a step's plan was a decode of every running request and nothing
 else, and the policy says such a plan repeats while nothing arrives, ends or is evicted
-(Policy.decodes_repeat), the next k steps are that plan again. This module bounds k by what
-the scheduler knows (no request reaches its last token, the free pages cover the new ones) and
-applies k such steps to the ledger and the KV at once, as k calls of schedule and complete
-would (the simulator's fast path, testbed/sim/fastpath.py, owns the clock and the step rows).
+(Policy.decodes_repeat), the next steps are that plan again, each request dropping out after
+its last token. This module bounds how many (the free pages cover the new ones; with someone
+waiting, no request may end: its KV freed could let an admission in) and applies them to the
+ledger and the KV at once, as that many calls of schedule and complete would: the same page
+ids, the requests ended and their KV released in the same order between the same
+allocations. The simulator's fast path (testbed/sim/fastpath.py) owns the clock and the rows.
+
+Steps are numbered from the last plan: step j is the j-th after it. Request i runs in steps
+1..left[i] (left[i]: its tokens still to schedule) and ends when step left[i] completes: with
+overlap in turn left[i] + 1 (a turn schedules step j, then completes step j - 1; step 0, the
+last plan, is in flight when the run starts), without it in turn left[i].
 """
 from __future__ import annotations
 
@@ -22,75 +29,115 @@ def is_decode_of(sched, plan: BatchPlan, reqs) -> bool:
         and all(a is b for a, b in zip(plan.reqs, reqs)))
 
 
-def repeat_bound(sched, plan: BatchPlan, before: BatchPlan | None, overlap: bool, now: float) -> int:
-    """How many more steps like `plan` (the last one scheduled; with overlap still in flight,
-    `before` the one completed since) are sure to follow if nothing arrives: 0 unless plan is
-    a decode of every running request and, with overlap and someone waiting, `before` was a
-    decode of the same (its completion, after plan was made, ended none and changed no KV that
-    an admission reads; with nobody waiting there is no admission to change). No request may
-    reach its last token inside the run (it ends on the step after), nor any step need more
-    pages than are free (no eviction, no preemption)."""
+def repeat_bound(sched, plan: BatchPlan, before: BatchPlan | None, overlap: bool, now: float
+                 ) -> tuple[int, np.ndarray]:
+    """(turns that are sure to repeat `plan` if nothing arrives, each request's `left`). plan:
+    the last one scheduled (with overlap still in flight; `before`: the one completed since).
+    0 turns unless plan is a decode of every running request the policy would plan again and,
+    with overlap and someone waiting, `before` was a decode of the same (its completion, after
+    plan was made, ended none and changed no KV an admission reads). With someone waiting no
+    request may end inside; with nobody, one request at least runs on after the last turn. No
+    step may need more pages than are free now (no eviction, no preemption)."""
     running = sched.running
+    none = 0, np.zeros(0, np.int64)
     if sched.cfg.check_every_step or not running or not is_decode_of(sched, plan, running):
-        return 0
-    if overlap and sched.waiting and (before is None or not is_decode_of(sched, before, running)):
-        return 0
+        return none
+    waiting = bool(sched.waiting)
+    if overlap and waiting and (before is None or not is_decode_of(sched, before, running)):
+        return none
     if not sched.policy.decodes_repeat(sched.view(now)):
-        return 0
-    left = min(r.prompt_len + r.max_new_tokens - r.device_len for r in running)
-    # without overlap a step is completed in its own turn: its request's end must come after the run
-    k = left if overlap else left - 1
-    return min(k, sched.allocator.free_pages // len(running))  # a decode takes at most one page a step
+        return none
+    left = np.array([r.prompt_len + r.max_new_tokens - r.device_len for r in running], np.int64)
+    k = int(left.min() if waiting else left.max())
+    k -= 0 if overlap else 1  # without overlap a step's request ends in the step's own turn
+    if k > 0 and int(np.minimum(left, k).sum()) > sched.allocator.free_pages:  # a decode takes <= 1 page a step
+        k = sched.allocator.free_pages // len(running)
+    return max(k, 0), left
 
 
-def new_pages(sched, reqs, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """(pages held before each step, k x items; new pages each step takes, k x items)."""
-    P = sched.page_size
-    c0 = np.array([r.cached_len for r in reqs], np.int64)
-    h0 = np.array([r.num_pages for r in reqs], np.int64)
-    after = np.maximum(h0, -(-(c0 + np.arange(1, k + 1)[:, None]) // P))  # held after step j (rows)
-    before = np.vstack([h0, after[:-1]])
-    return before, after - before
+def batches(left: np.ndarray, k: int) -> list[tuple[int, int, np.ndarray]]:
+    """The steps 1..k in runs of one batch: (first step, last step, the items running them)."""
+    edges = sorted({1, *(int(m) + 1 for m in left if m + 1 <= k)})
+    return [(a, b - 1, np.flatnonzero(left >= a)) for a, b in zip(edges, edges[1:] + [k + 1])]
 
 
-def repeat_decodes(sched, reqs, k: int, pages: tuple[np.ndarray, np.ndarray], tokens: np.ndarray, times,
-                   overlap: bool) -> BatchPlan | None:
-    """Apply k more decode steps of `reqs` (the running requests, as the last plan ran them)
-    as schedule and complete would have: the KV of each step, its page ids handed out in the
-    same order (pages: new_pages of the k steps); the tokens delivered (tokens[i]: request i's, k each, at `times`); the step
-    ids, the stats and the policy's per-step state. With overlap the steps delivered are the
-    one in flight and the first k - 1 of the new ones, and the k-th is left in flight: its plan
-    is returned (None without overlap)."""
-    held, new = pages
-    total = int(new.sum())
-    if total:
-        pages, evicted = sched.kv.alloc(total)  # one allocation hands out what k in a row would
-        assert not evicted, "repeat_bound keeps a run within the free pages"
-        step, item = np.nonzero(new)  # step-major: the order k allocations would take them in
-        rows = np.array([r.row for r in reqs], np.int64)[item]
-        slot = held[step, item] * sched.page_size
-        offs = np.arange(sched.page_size)
-        sched.page_table.table[rows[:, None], slot[:, None] + offs] = pages[:, None] * sched.page_size + offs
-    final = held[-1] + new[-1]
+def repeat_decodes(sched, reqs, left: np.ndarray, k: int, tokens: np.ndarray, times, overlap: bool
+                   ) -> tuple[BatchPlan | None, dict[str, np.ndarray]]:
+    """Apply k turns of repeated decodes of `reqs` (the running requests, as the last plan ran
+    them; left: as repeat_bound's): each request's KV and tokens (tokens[i]: the ids it is
+    delivered, at `times`, the collect times of the turns), the requests ended and released in
+    the turns they end, the step ids, the stats and the policy's per-step state. Returns the
+    plan left in flight with overlap (None without), and the scheduler's part of each turn's
+    step row as the turn leaves it: running, pages_used, pages_cached, pages_free."""
+    b = len(reqs)
+    run = np.minimum(left, k)  # steps each request runs
+    got = np.minimum(left, k - 1) + 1 if overlap else run  # tokens delivered: with overlap step 0's too
     first = times[0]
-    for r, ids, n in zip(reqs, tokens.tolist(), final.tolist()):
-        r.cached_len += k
-        r.device_len += k
-        r.num_pages = n
-        r.output_ids.extend(ids)
-        r.token_times.extend(times)
+    for r, ids, n, g in zip(reqs, tokens.tolist(), run.tolist(), got.tolist()):
+        r.cached_len += n
+        r.device_len += n
+        r.output_ids.extend(ids[:g])
+        r.token_times.extend(times[:g])
         if r.first_token is None:
             r.first_token = first
+    ends = left + (1 if overlap else 0)  # the turn each request ends in
+    # pages held before each step and new ones each step takes (k x items; 0 once a request stops)
+    P = sched.page_size
+    c0 = np.array([r.cached_len for r in reqs], np.int64) - run
+    h0 = np.array([r.num_pages for r in reqs], np.int64)
+    after = np.maximum(h0, -(-(c0 + np.minimum(np.arange(1, k + 1)[:, None], left)) // P))
+    held = np.vstack([h0, after[:-1]])
+    new = after - held
+    cols = {c: np.empty(k, np.int64) for c in ("running", "pages_used", "pages_cached", "pages_free")}
+    done = 0  # turns applied
+    for turn in sorted({int(e) for e in ends if e <= k} | {k}):
+        _map_pages(sched, reqs, held[done:turn], new[done:turn])
+        taken = np.cumsum(new[done:turn].sum(axis=1))
+        for c, v in (("pages_used", sched.kv.owned_pages - taken[-1] + taken),
+                     ("pages_free", sched.allocator.free_pages + taken[-1] - taken)):
+            cols[c][done:turn] = v
+        cols["pages_cached"][done:turn] = sched.cache.cached_pages
+        cols["running"][done:turn] = len(sched.running)
+        for i in np.flatnonzero(ends == turn).tolist():  # in plan order, as complete ends them
+            r = reqs[i]
+            if overlap:
+                r.inflight -= 1
+                r.pending_tokens -= 1
+            sched.decode.finish(r, "length", times[turn - 1])
+        # the turn's own row is written after its ends
+        for c, v in (("pages_used", sched.kv.owned_pages), ("pages_free", sched.allocator.free_pages),
+                     ("pages_cached", sched.cache.cached_pages), ("running", len(sched.running))):
+            cols[c][turn - 1] = v
+        done = turn
     sched.policy.skip_plans(k)
-    b = len(reqs)
     last = sched.step_id + k - 1  # the id of the k-th new step
     sched.step_id += k
-    sched._stats = {s: StepStats(s, decode_reqs=b, decode_tokens=b) for s in (last - 1, last)}
+    items = np.flatnonzero(left >= k)  # the last step's batch
+    nb = len(items)
+    sched._stats = {s: StepStats(s, decode_reqs=nb, decode_tokens=nb) for s in (last - 1, last)}
     if not overlap:
-        return None
-    plan = BatchPlan(list(reqs), [1] * b, step_id=last)
-    plan.cached_lens = np.array([r.cached_len - 1 for r in reqs], np.int64)
-    plan.samples = np.ones(b, bool)
-    plan.num_samples = b
-    plan.kv_tokens = int(plan.cached_lens.sum()) + b
-    return plan
+        return None, cols
+    plan = BatchPlan([reqs[i] for i in items.tolist()], [1] * nb, step_id=last)
+    plan.cached_lens = np.array([r.cached_len - 1 for r in plan.reqs], np.int64)
+    plan.samples = np.ones(nb, bool)
+    plan.num_samples = nb
+    plan.kv_tokens = int(plan.cached_lens.sum()) + nb
+    return plan, cols
+
+
+def _map_pages(sched, reqs, held: np.ndarray, new: np.ndarray) -> None:
+    """Hand out the pages of some consecutive steps (held, new: their rows of the k x items
+    matrices) and write them into the rows: one allocation gives what one per step in a row
+    would, taken step by step in plan order."""
+    total = int(new.sum())
+    if not total:
+        return
+    pages, evicted = sched.kv.alloc(total)
+    assert not evicted, "repeat_bound keeps a run within the free pages"
+    step, item = np.nonzero(new)  # step-major
+    rows = np.array([r.row for r in reqs], np.int64)[item]
+    P = sched.page_size
+    offs = np.arange(P)
+    sched.page_table.table[rows[:, None], held[step, item][:, None] * P + offs] = pages[:, None] * P + offs
+    for i, n in zip(*np.unique(item, return_counts=True)):
+        reqs[i].num_pages += int(n)

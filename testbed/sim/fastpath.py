@@ -18,7 +18,7 @@ from array import array
 
 import numpy as np
 
-from testbed.scheduler.repeat import new_pages, repeat_bound, repeat_decodes
+from testbed.scheduler.repeat import batches, repeat_bound, repeat_decodes
 from testbed.sim.costmodel.base import decode_costs
 from testbed.sim.executor import SimHandle, synthetic_id
 
@@ -45,27 +45,32 @@ class FastPath:
         loop = self.loop
         sched, ex, overlap = loop.sched, loop.executor, loop.overlap
         start = self.now()
-        k = repeat_bound(sched, plan, before, overlap, start)
+        k, left = repeat_bound(sched, plan, before, overlap, start)
         if k < 1:
             return inflight
         reqs = plan.reqs
-        b = len(reqs)
         nxt = loop.feed.next_arrival()
         nxt = math.inf if nxt is None else nxt
-        cached = np.array([r.cached_len for r in reqs], np.int64)
+        cached = np.array([r.cached_len for r in reqs], np.int64)  # step j's contexts: j - 1 tokens on
+        runs, ri = batches(left, k), 0
         pend = None
         if overlap:  # the step in flight is collected in the first turn: its loop times and costs
             h, ts, tl, tld = inflight
             pend = (ts, tl, tld, h.prep_s, h.host_done, h.ready_at, h.duration, h.predicted, h.complete_cost)
         clock, free, applied = start, ex.device_free, ex.applied
         rows = []  # the collected steps' (start, end, duration, predicted, host, launch, complete)
-        costs = None
+        costs, upto = [], 0  # the costs of steps upto - len(costs) + 1 .. upto
         j = 0
         while j < k and nxt > clock:  # an arrival at or before the schedule time would be admitted
-            if j % CHUNK == 0:
-                costs = list(zip(*(c.tolist() for c in decode_costs(ex.cost_model, cached + j, min(CHUNK, k - j)))))
+            j += 1  # this turn schedules step j
+            if j > upto:
+                while runs[ri][1] < j:
+                    ri += 1
+                n = min(CHUNK, runs[ri][1] - j + 1)
+                costs = list(zip(*(c.tolist() for c in decode_costs(ex.cost_model, cached[runs[ri][2]] + (j - 1), n))))
+                upto = j + n - 1
             t = clock
-            host, launch, device, complete = costs[j % CHUNK]
+            host, launch, device, complete = costs[j - upto - 1]
             prep, host_done, ready, dur, free, applied = ex.place(t, host, launch, device, complete, free, applied)
             clock = land(clock, host_done)
             cur = (t, t, clock, prep, host_done, ready, dur, device, complete)
@@ -76,42 +81,45 @@ class FastPath:
                 clock = land(clock, tc + f_cc)
             rows.append((ts, tc, f_dur, f_pred, (tl - ts) + f_prep, max(0.0, tld - tl - f_prep), clock - tc))
             pend = cur
-            j += 1
         if not j:
             return inflight
-        pages = new_pages(sched, reqs, j)
-        self._record(sched, reqs, plan.step_id + (0 if overlap else 1), rows, np.cumsum(pages[1].sum(axis=1)))
-        d0 = np.array([r.device_len for r in reqs], np.int64) + (0 if overlap else 1)  # the first id's length
-        times = array("d", [r[1] for r in rows])
-        tokens = synthetic_id(np.array([r.rid for r in reqs], np.int64)[:, None], d0[:, None] + np.arange(j))
-        last = repeat_decodes(sched, reqs, j, pages, tokens, times, overlap)
         ex.device_free, ex.applied = free, applied
-        self.steps += j
-        loop.steps.output_tokens += b * j
-        if loop.progress is not None:
-            loop.progress(len(sched.done), len(loop.requests), times[-1], loop.steps.output_tokens)
+        last = self._apply(reqs, left, cached, rows, plan.step_id + (0 if overlap else 1))
         yield clock
         if not overlap:
             return None
         ts, tl, tld, prep, host_done, ready, dur, pred, cc = pend
-        handle = SimHandle(last, synthetic_id(np.array([r.rid for r in reqs], np.int64),
-                                              np.array([r.device_len for r in reqs], np.int64)),
-                           prep, host_done, ready, dur, pred, cc)
-        return handle, ts, tl, tld
+        ids = synthetic_id(np.array([r.rid for r in last.reqs], np.int64),
+                           np.array([r.device_len for r in last.reqs], np.int64))
+        return SimHandle(last, ids, prep, host_done, ready, dur, pred, cc), ts, tl, tld
 
-    def _record(self, sched, reqs, first: int, rows, pages: np.ndarray) -> None:
-        """The collected steps' rows (ids from `first`), as record_step writes each: every one a
-        decode of the same requests, its KV counts as they stand when it is recorded, the j-th
-        after j new steps took pages[j - 1] pages (with overlap the step after it is scheduled)."""
-        b, k = len(reqs), len(rows)
-        kv0 = sum(r.cached_len for r in reqs) - (b if self.loop.overlap else 0)  # the first collected step's
+    def _apply(self, reqs, left: np.ndarray, cached: np.ndarray, rows, first: int):
+        """The turns run: their tokens to the scheduler, their step rows (steps from `first`) to
+        the log; returns the plan left in flight (None without overlap)."""
+        loop, sched = self.loop, self.loop.sched
+        k = len(rows)
+        b = len(reqs)
+        s = np.arange(k) + (0 if loop.overlap else 1)  # the steps collected, numbered from the plan
+        d0 = np.array([r.device_len for r in reqs], np.int64) + (0 if loop.overlap else 1)  # the first id's length
+        tokens = synthetic_id(np.array([r.rid for r in reqs], np.int64)[:, None], d0[:, None] + np.arange(k))
+        times = array("d", [r[1] for r in rows])
+        # each collected step's batch (left >= its number) and KV read: its contexts + its tokens
+        by_left = np.argsort(left, kind="stable")
+        at = np.searchsorted(left[by_left], s)  # items whose last step is before s
+        size = b - at
+        ctx = np.concatenate([np.cumsum(cached[by_left][::-1])[::-1], [0]])[at] + s * size
+        last, kv = repeat_decodes(sched, reqs, left, k, tokens, times, loop.overlap)
         cols = list(zip(*rows))
-        ints = np.full(k, 1, np.int64)
-        sched_stats = {"batch_reqs": b, "prefill_reqs": 0, "prefill_tokens": 0, "decode_reqs": b,
-                       "decode_tokens": b, "running": len(sched.running), "waiting": len(sched.waiting),
-                       "pages_cached": sched.cache.cached_pages, "evicted_pages": 0, "preempted": 0, "admitted": 0}
-        self.loop.steps.extend(
+        zeros = np.zeros(k, np.int64)
+        loop.steps.extend(
             step=np.arange(first, first + k), start_s=cols[0], end_s=cols[1], duration_s=cols[2],
-            predicted_s=list(cols[3]), host_s=cols[4], launch_s=cols[5], complete_s=cols[6],
-            context_tokens=kv0 + b + b * np.arange(k), pages_used=sched.kv.owned_pages + pages,
-            pages_free=sched.allocator.free_pages - pages, **{c: ints * v for c, v in sched_stats.items()})
+            predicted_s=list(cols[3]), host_s=cols[4], launch_s=cols[5], complete_s=cols[6], batch_reqs=size,
+            prefill_reqs=zeros, prefill_tokens=zeros, decode_reqs=size, decode_tokens=size, context_tokens=ctx,
+            waiting=zeros + len(sched.waiting), evicted_pages=zeros, preempted=zeros, admitted=zeros, **kv)
+        self.steps += k
+        loop.steps.output_tokens += int(size.sum())
+        if loop._rows is not None:
+            loop._stream_ended()
+        if loop.progress is not None:
+            loop.progress(len(sched.done), len(loop.requests), times[-1], loop.steps.output_tokens)
+        return last
