@@ -81,25 +81,33 @@ def repeat_decodes(sched, reqs, left: np.ndarray, k: int, tokens: np.ndarray, ti
         if r.first_token is None:
             r.first_token = first
     ends = left + (1 if overlap else 0)  # the turn each request ends in
-    # pages held before each step and new ones each step takes (k x items; 0 once a request stops)
+    # pages held after each step (k x items; fixed once a request stops), the new ones step-major
+    # (the order k allocations in a row take them in: step by step, in plan order)
     P = sched.page_size
     c0 = np.array([r.cached_len for r in reqs], np.int64) - run
     h0 = np.array([r.num_pages for r in reqs], np.int64)
     after = np.maximum(h0, -(-(c0 + np.minimum(np.arange(1, k + 1)[:, None], left)) // P))
     held = np.vstack([h0, after[:-1]])
-    new = after - held
+    step, item = np.nonzero(after - held)  # decodes: at most one new page an item a step
+    row_of = np.array([r.row for r in reqs], np.int64)[item]
+    slot = held[step, item] * P
+    by_turn = np.searchsorted(step, np.arange(k + 1))  # new pages of steps before each turn's (0-based)
     cols = {c: np.empty(k, np.int64) for c in ("running", "pages_used", "pages_cached", "pages_free")}
     done = 0  # turns applied
     for turn in sorted({int(e) for e in ends if e <= k} | {k}):
-        _map_pages(sched, reqs, held[done:turn], new[done:turn])
-        taken = np.cumsum(new[done:turn].sum(axis=1))
-        for c, v in (("pages_used", sched.kv.owned_pages - taken[-1] + taken),
-                     ("pages_free", sched.allocator.free_pages + taken[-1] - taken)):
-            cols[c][done:turn] = v
+        lo, hi = by_turn[done], by_turn[turn]
+        if hi > lo:
+            pages, evicted = sched.kv.alloc(int(hi - lo))  # one allocation gives what one a step would
+            assert not evicted, "repeat_bound keeps a run within the free pages"
+            _write_pages(sched.page_table.table, row_of[lo:hi], slot[lo:hi], pages, P)
+        taken = by_turn[done + 1: turn + 1] - lo  # pages the turns took, cumulated
+        cols["pages_used"][done:turn] = sched.kv.owned_pages - (hi - lo) + taken
+        cols["pages_free"][done:turn] = sched.allocator.free_pages + (hi - lo) - taken
         cols["pages_cached"][done:turn] = sched.cache.cached_pages
         cols["running"][done:turn] = len(sched.running)
         for i in np.flatnonzero(ends == turn).tolist():  # in plan order, as complete ends them
             r = reqs[i]
+            r.num_pages = int(after[left[i] - 1, i]) if left[i] else r.num_pages
             if overlap:
                 r.inflight -= 1
                 r.pending_tokens -= 1
@@ -109,6 +117,9 @@ def repeat_decodes(sched, reqs, left: np.ndarray, k: int, tokens: np.ndarray, ti
                      ("pages_cached", sched.cache.cached_pages), ("running", len(sched.running))):
             cols[c][turn - 1] = v
         done = turn
+    for r, n in zip(reqs, after[-1].tolist()):
+        if r.row >= 0:
+            r.num_pages = n
     sched.policy.skip_plans(k)
     last = sched.step_id + k - 1  # the id of the k-th new step
     sched.step_id += k
@@ -125,19 +136,10 @@ def repeat_decodes(sched, reqs, left: np.ndarray, k: int, tokens: np.ndarray, ti
     return plan, cols
 
 
-def _map_pages(sched, reqs, held: np.ndarray, new: np.ndarray) -> None:
-    """Hand out the pages of some consecutive steps (held, new: their rows of the k x items
-    matrices) and write them into the rows: one allocation gives what one per step in a row
-    would, taken step by step in plan order."""
-    total = int(new.sum())
-    if not total:
-        return
-    pages, evicted = sched.kv.alloc(total)
-    assert not evicted, "repeat_bound keeps a run within the free pages"
-    step, item = np.nonzero(new)  # step-major
-    rows = np.array([r.row for r in reqs], np.int64)[item]
-    P = sched.page_size
-    offs = np.arange(P)
-    sched.page_table.table[rows[:, None], held[step, item][:, None] * P + offs] = pages[:, None] * P + offs
-    for i, n in zip(*np.unique(item, return_counts=True)):
-        reqs[i].num_pages += int(n)
+def _write_pages(table: np.ndarray, rows: np.ndarray, slots: np.ndarray, pages: np.ndarray, P: int) -> None:
+    """Map each new page into its row at its first slot (page-table slots are page * P + offset)."""
+    if P == 1:
+        table[rows, slots] = pages
+    else:
+        offs = np.arange(P)
+        table[rows[:, None], slots[:, None] + offs] = pages[:, None] * P + offs
