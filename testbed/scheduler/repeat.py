@@ -55,10 +55,10 @@ def repeat_bound(sched, plan: BatchPlan, before: BatchPlan | None, overlap: bool
     return max(k, 0), left
 
 
-def batches(left: np.ndarray, k: int) -> list[tuple[int, int, np.ndarray]]:
-    """The steps 1..k in runs of one batch: (first step, last step, the items running them)."""
-    edges = sorted({1, *(int(m) + 1 for m in left if m + 1 <= k)})
-    return [(a, b - 1, np.flatnonzero(left >= a)) for a, b in zip(edges, edges[1:] + [k + 1])]
+def batch_ends(left: np.ndarray, k: int) -> np.ndarray:
+    """The last step of each run of one batch among steps 1..k (step j's batch: the items with
+    left >= j), ascending, k the last."""
+    return np.unique(np.concatenate([left[(left >= 1) & (left < k)], [k]]))
 
 
 def repeat_decodes(sched, reqs, left: np.ndarray, k: int, tokens: np.ndarray, times, overlap: bool

@@ -18,7 +18,7 @@ from array import array
 
 import numpy as np
 
-from testbed.scheduler.repeat import batches, repeat_bound, repeat_decodes
+from testbed.scheduler.repeat import batch_ends, repeat_bound, repeat_decodes
 from testbed.sim.costmodel.base import decode_costs
 from testbed.sim.executor import SimHandle, synthetic_id
 
@@ -52,7 +52,7 @@ class FastPath:
         nxt = loop.feed.next_arrival()
         nxt = math.inf if nxt is None else nxt
         cached = np.array([r.cached_len for r in reqs], np.int64)  # step j's contexts: j - 1 tokens on
-        runs, ri = batches(left, k), 0
+        ends = batch_ends(left, k)
         pend = None
         if overlap:  # the step in flight is collected in the first turn: its loop times and costs
             h, ts, tl, tld = inflight
@@ -63,11 +63,9 @@ class FastPath:
         j = 0
         while j < k and nxt > clock:  # an arrival at or before the schedule time would be admitted
             j += 1  # this turn schedules step j
-            if j > upto:
-                while runs[ri][1] < j:
-                    ri += 1
-                n = min(CHUNK, runs[ri][1] - j + 1)
-                costs = list(zip(*(c.tolist() for c in decode_costs(ex.cost_model, cached[runs[ri][2]] + (j - 1), n))))
+            if j > upto:  # cost the next steps, within the run of one batch that holds step j
+                n = min(CHUNK, int(ends[np.searchsorted(ends, j)]) - j + 1)
+                costs = list(zip(*(c.tolist() for c in decode_costs(ex.cost_model, cached[left >= j] + (j - 1), n))))
                 upto = j + n - 1
             t = clock
             host, launch, device, complete = costs[j - upto - 1]
@@ -102,18 +100,18 @@ class FastPath:
         s = np.arange(k) + (0 if loop.overlap else 1)  # the steps collected, numbered from the plan
         d0 = np.array([r.device_len for r in reqs], np.int64) + (0 if loop.overlap else 1)  # the first id's length
         tokens = synthetic_id(np.array([r.rid for r in reqs], np.int64)[:, None], d0[:, None] + np.arange(k))
-        times = array("d", [r[1] for r in rows])
+        cols = [array("d", c) for c in zip(*rows)]  # start, end (the tokens' times), duration, ...
+        times = cols[1]
         # each collected step's batch (left >= its number) and KV read: its contexts + its tokens
         by_left = np.argsort(left, kind="stable")
         at = np.searchsorted(left[by_left], s)  # items whose last step is before s
         size = b - at
         ctx = np.concatenate([np.cumsum(cached[by_left][::-1])[::-1], [0]])[at] + s * size
         last, kv = repeat_decodes(sched, reqs, left, k, tokens, times, loop.overlap)
-        cols = list(zip(*rows))
         zeros = np.zeros(k, np.int64)
         loop.steps.extend(
             step=np.arange(first, first + k), start_s=cols[0], end_s=cols[1], duration_s=cols[2],
-            predicted_s=list(cols[3]), host_s=cols[4], launch_s=cols[5], complete_s=cols[6], batch_reqs=size,
+            predicted_s=cols[3].tolist(), host_s=cols[4], launch_s=cols[5], complete_s=cols[6], batch_reqs=size,
             prefill_reqs=zeros, prefill_tokens=zeros, decode_reqs=size, decode_tokens=size, context_tokens=ctx,
             waiting=zeros + len(sched.waiting), evicted_pages=zeros, preempted=zeros, admitted=zeros, **kv)
         self.steps += k

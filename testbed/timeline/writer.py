@@ -42,14 +42,14 @@ class StepLog:
             append(row[c])
 
     def extend(self, **cols) -> None:
-        """Many rows at once: each column a sequence of equal length (float64 / int64 arrays
-        for the typed columns)."""
+        """Many rows at once: each column a numpy array or a sequence of Python numbers, all of
+        one length."""
         for c, col in self.cols.items():
             v = cols[c]
-            if isinstance(col, list):
-                col.extend(v)
+            if isinstance(v, np.ndarray) and not isinstance(col, list):
+                col.frombytes(v.astype(_NUMPY[col.typecode], copy=False).tobytes())
             else:
-                col.frombytes(np.ascontiguousarray(v, _NUMPY[col.typecode]).tobytes())
+                col.extend(v)
 
     def set_last(self, column: str, value) -> None:
         self.cols[column][-1] = value
