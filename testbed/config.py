@@ -47,7 +47,7 @@ class SimBackendConfig(BackendConfig):
     """backend=sim: the SimPy simulator."""
     name: str = "sim"
     # run steady stretches of decode steps at once (testbed/sim/fastpath.py): the same files,
-    # byte for byte, in less time; false steps one by one
+    # byte for byte, in less time; false steps one by one (as check_every_step does, to check each)
     fast_path: bool = True
 
 

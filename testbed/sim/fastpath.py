@@ -2,14 +2,14 @@
 
 After each step the step loop hands its plan here (StepLoop.steady). When the scheduler says
 the next steps repeat it (testbed/scheduler/repeat.py: a decode of every running request that
-the policy would plan again, no request ending inside, the free pages enough), this module
-places those steps on the modelled timeline one after another with the executor's own
-arithmetic (SimExecutor.place) and the loop's (each wait lands the clock where the SimPy
-driver's timeout would), until the next arrival would be admitted; then it applies them to
-the scheduler at once, appends their step rows in bulk and waits once, until the clock the
-one-by-one loop would have reached. Step times, token times, rows and finishes are those of
-stepping one by one, float for float (tests/test_fastpath.py compares the runs' files byte
-for byte); `backend.fast_path=false` turns it off.
+the policy would plan again, each request dropping out after its last token, the free pages
+enough), this module places those steps on the modelled timeline one after another with the
+executor's own arithmetic (SimExecutor.place) and the loop's (each wait lands the clock where
+the SimPy driver's timeout would), until the next arrival would be admitted; then the
+scheduler applies them at once, their step rows go to the log in bulk, and the loop waits
+once, until the clock the one-by-one loop would have reached. Step times, token times, rows
+and ends are those of stepping one by one, float for float (tests/test_fastpath.py compares
+the runs' files byte for byte); `backend.fast_path=false` turns it off.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import numpy as np
 
 from testbed.scheduler.repeat import batch_ends, repeat_bound, repeat_decodes
 from testbed.sim.costmodel.base import decode_costs
-from testbed.sim.executor import SimHandle, synthetic_id
+from testbed.sim.executor import SimHandle, synthetic_id, synthetic_tokens
 
 CHUNK = 64  # steps costed at a time: a stretch usually ends at an arrival well before its bound
 
@@ -87,9 +87,7 @@ class FastPath:
         if not overlap:
             return None
         ts, tl, tld, prep, host_done, ready, dur, pred, cc = pend
-        ids = synthetic_id(np.array([r.rid for r in last.reqs], np.int64),
-                           np.array([r.device_len for r in last.reqs], np.int64))
-        return SimHandle(last, ids, prep, host_done, ready, dur, pred, cc), ts, tl, tld
+        return SimHandle(last, synthetic_tokens(last), prep, host_done, ready, dur, pred, cc), ts, tl, tld
 
     def _apply(self, reqs, left: np.ndarray, cached: np.ndarray, rows, first: int):
         """The turns run: their tokens to the scheduler, their step rows (steps from `first`) to
