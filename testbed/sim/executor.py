@@ -17,7 +17,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from testbed.core import BatchPlan, StepResult
-from testbed.sim.costmodel.base import StepCost
 
 
 @dataclass(slots=True)

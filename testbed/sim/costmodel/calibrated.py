@@ -293,10 +293,10 @@ class CalibratedCostModel:
         s = int(self.sizes[i])
         x3 = (s * (int(cached.max()) + 1 + j) - kv).astype(float) if self._g_third[i] else 0.0  # graph_imbalance
         device = self._g_const[i] + self._g_slope[i] * kv + self._g_third[i] * x3
-        h, f = self.host, {"reqs": b, "tokens": b, "kv_tokens": kv}
-        return tuple(np.broadcast_to(np.asarray(_dot(coef, f), float), (k,)) for coef in
-                     (h["host_decode"], h["launch_graph"])) + (np.asarray(device, float),) + \
-            (np.broadcast_to(np.asarray(_dot(h["complete_decode"], f), float), (k,)),)
+        f = {"reqs": b, "tokens": b, "kv_tokens": kv}  # as step_cost's, kv_tokens an array
+        host, launch, complete = (np.broadcast_to(np.asarray(_dot(self.host[part], f), float), (k,))
+                                  for part in ("host_decode", "launch_graph", "complete_decode"))
+        return host, launch, np.asarray(device, float), complete
 
     def step_time(self, extend_lens: np.ndarray, cached_lens: np.ndarray) -> float:
         """Device seconds for one step."""
