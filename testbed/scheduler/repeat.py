@@ -20,12 +20,12 @@ from testbed.core import BatchPlan
 from testbed.scheduler.stats import StepStats
 
 
-def is_decode_of(sched, plan: BatchPlan, reqs) -> bool:
+def is_decode_of(sched, plan: BatchPlan, reqs, evicting: bool) -> bool:
     """plan ran exactly `reqs` (the same objects, in order), each a decode, and nothing else
-    happened in its scheduling (no admission, preemption or eviction)."""
+    happened in its scheduling (no admission or preemption; no eviction unless `evicting`)."""
     st = sched.stats_of(plan)
     return (len(plan.reqs) == len(reqs) and st.decode_reqs == len(reqs) and not (
-        st.admitted or st.preempted or st.evicted_pages or st.deferred or plan.preempt)
+        st.admitted or st.preempted or (st.evicted_pages and not evicting) or st.deferred or plan.preempt)
         and all(a is b for a, b in zip(plan.reqs, reqs)))
 
 
@@ -36,22 +36,25 @@ def repeat_bound(sched, plan: BatchPlan, before: BatchPlan | None, overlap: bool
     0 turns unless plan is a decode of every running request the policy would plan again and,
     with overlap and someone waiting, `before` was a decode of the same (its completion, after
     plan was made, ended none and changed no KV an admission reads). With someone waiting no
-    request may end inside; with nobody, one request at least runs on after the last turn. No
-    step may need more pages than are free now (no eviction, no preemption)."""
+    request may end inside and no page be evicted (either changes what an admission reads);
+    with nobody, one request at least runs on after the last turn, and the steps may evict
+    cache pages as the scheduler does. The pages the steps need must be free (or evictable) now:
+    no preemption."""
     running = sched.running
     none = 0, np.zeros(0, np.int64)
-    if sched.cfg.check_every_step or not running or not is_decode_of(sched, plan, running):
-        return none
     waiting = bool(sched.waiting)
-    if overlap and waiting and (before is None or not is_decode_of(sched, before, running)):
+    if sched.cfg.check_every_step or not running or not is_decode_of(sched, plan, running, not waiting):
+        return none
+    if overlap and waiting and (before is None or not is_decode_of(sched, before, running, False)):
         return none
     if not sched.policy.decodes_repeat(sched.view(now)):
         return none
     left = np.array([r.prompt_len + r.max_new_tokens - r.device_len for r in running], np.int64)
     k = int(left.min() if waiting else left.max())
     k -= 0 if overlap else 1  # without overlap a step's request ends in the step's own turn
-    if k > 0 and int(np.minimum(left, k).sum()) > sched.allocator.free_pages:  # a decode takes <= 1 page a step
-        k = sched.allocator.free_pages // len(running)
+    pool = sched.allocator.free_pages + (0 if waiting else sched.cache.evictable_pages)
+    if k > 0 and int(np.minimum(left, k).sum()) > pool:  # a decode takes <= 1 page a step
+        k = pool // len(running)
     return max(k, 0), left
 
 
@@ -68,7 +71,8 @@ def repeat_decodes(sched, reqs, left: np.ndarray, k: int, tokens: np.ndarray, ti
     delivered, at `times`, the collect times of the turns), the requests ended and released in
     the turns they end, the step ids, the stats and the policy's per-step state. Returns the
     plan left in flight with overlap (None without), and the scheduler's part of each turn's
-    step row as the turn leaves it: running, pages_used, pages_cached, pages_free."""
+    step row as the turn leaves it: running, pages_used, pages_cached, pages_free, and
+    `evicted`: the pages each step 1..k evicted."""
     b = len(reqs)
     run = np.minimum(left, k)  # steps each request runs
     got = np.minimum(left, k - 1) + 1 if overlap else run  # tokens delivered: with overlap step 0's too
@@ -93,17 +97,26 @@ def repeat_decodes(sched, reqs, left: np.ndarray, k: int, tokens: np.ndarray, ti
     slot = held[step, item] * P
     by_turn = np.searchsorted(step, np.arange(k + 1))  # new pages of steps before each turn's (0-based)
     cols = {c: np.empty(k, np.int64) for c in ("running", "pages_used", "pages_cached", "pages_free")}
+    evicted = np.zeros(k, np.int64)
     done = 0  # turns applied
     for turn in sorted({int(e) for e in ends if e <= k} | {k}):
         lo, hi = by_turn[done], by_turn[turn]
-        if hi > lo:
-            pages, evicted = sched.kv.alloc(int(hi - lo))  # one allocation gives what one a step would
-            assert not evicted, "repeat_bound keeps a run within the free pages"
-            _write_pages(sched.page_table.table, row_of[lo:hi], slot[lo:hi], pages, P)
-        taken = by_turn[done + 1: turn + 1] - lo  # pages the turns took, cumulated
-        cols["pages_used"][done:turn] = sched.kv.owned_pages - (hi - lo) + taken
-        cols["pages_free"][done:turn] = sched.allocator.free_pages + (hi - lo) - taken
-        cols["pages_cached"][done:turn] = sched.cache.cached_pages
+        if hi - lo <= sched.allocator.free_pages:  # one allocation gives what one a step would
+            if hi > lo:
+                _write_pages(sched.page_table.table, row_of[lo:hi], slot[lo:hi], sched.kv.alloc(int(hi - lo))[0], P)
+            taken = by_turn[done + 1: turn + 1] - lo  # pages the turns took, cumulated
+            cols["pages_used"][done:turn] = sched.kv.owned_pages - (hi - lo) + taken
+            cols["pages_free"][done:turn] = sched.allocator.free_pages + (hi - lo) - taken
+            cols["pages_cached"][done:turn] = sched.cache.cached_pages
+        else:  # the free pages run out: a step's allocation at a time, evicting as the scheduler's does
+            for t in range(done + 1, turn + 1):
+                a, z = by_turn[t - 1], by_turn[t]
+                if z > a:
+                    pages, evicted[t - 1] = sched.kv.alloc(int(z - a))
+                    _write_pages(sched.page_table.table, row_of[a:z], slot[a:z], pages, P)
+                cols["pages_used"][t - 1] = sched.kv.owned_pages
+                cols["pages_free"][t - 1] = sched.allocator.free_pages
+                cols["pages_cached"][t - 1] = sched.cache.cached_pages
         cols["running"][done:turn] = len(sched.running)
         for i in np.flatnonzero(ends == turn).tolist():  # in plan order, as complete ends them
             r = reqs[i]
@@ -125,7 +138,9 @@ def repeat_decodes(sched, reqs, left: np.ndarray, k: int, tokens: np.ndarray, ti
     sched.step_id += k
     items = np.flatnonzero(left >= k)  # the last step's batch
     nb = len(items)
-    sched._stats = {s: StepStats(s, decode_reqs=nb, decode_tokens=nb) for s in (last - 1, last)}
+    sched._stats = {s: StepStats(s, decode_reqs=nb, decode_tokens=nb, evicted_pages=int(e))
+                    for s, e in ((last - 1, evicted[k - 2] if k > 1 else 0), (last, evicted[k - 1]))}
+    cols["evicted"] = evicted
     if not overlap:
         return None, cols
     plan = BatchPlan([reqs[i] for i in items.tolist()], [1] * nb, step_id=last)

@@ -37,6 +37,7 @@ class FastPath:
         self.loop = loop  # the StepLoop (SimDriver) whose steps it runs
         self.now = now  # the simulated clock
         self.steps = 0  # steps run at once so far
+        self.evicted = 0  # cache pages they evicted
 
     def run(self, plan, before, inflight):
         """After `plan` was launched (and, without overlap, finished; `before`: the plan
@@ -82,17 +83,20 @@ class FastPath:
         if not j:
             return inflight
         ex.device_free, ex.applied = free, applied
-        last = self._apply(reqs, left, cached, rows, plan.step_id + (0 if overlap else 1))
+        last = self._apply(plan, left, cached, rows)
         yield clock
         if not overlap:
             return None
         ts, tl, tld, prep, host_done, ready, dur, pred, cc = pend
         return SimHandle(last, synthetic_tokens(last), prep, host_done, ready, dur, pred, cc), ts, tl, tld
 
-    def _apply(self, reqs, left: np.ndarray, cached: np.ndarray, rows, first: int):
-        """The turns run: their tokens to the scheduler, their step rows (steps from `first`) to
-        the log; returns the plan left in flight (None without overlap)."""
+    def _apply(self, plan, left: np.ndarray, cached: np.ndarray, rows):
+        """The turns run after `plan`: their tokens to the scheduler, their step rows to the log;
+        returns the plan left in flight (None without overlap)."""
         loop, sched = self.loop, self.loop.sched
+        reqs = plan.reqs
+        first = plan.step_id + (0 if loop.overlap else 1)  # the first step collected
+        evicted_before = sched.stats_of(plan).evicted_pages
         k = len(rows)
         b = len(reqs)
         s = np.arange(k) + (0 if loop.overlap else 1)  # the steps collected, numbered from the plan
@@ -106,13 +110,16 @@ class FastPath:
         size = b - at
         ctx = np.concatenate([np.cumsum(cached[by_left][::-1])[::-1], [0]])[at] + s * size
         last, kv = repeat_decodes(sched, reqs, left, k, tokens, times, loop.overlap)
+        new_evicted = kv.pop("evicted")  # each new step's; with overlap the rows start at the last plan's
+        evicted = np.concatenate([[evicted_before], new_evicted[:-1]]) if loop.overlap else new_evicted
         zeros = np.zeros(k, np.int64)
         loop.steps.extend(
             step=np.arange(first, first + k), start_s=cols[0], end_s=cols[1], duration_s=cols[2],
             predicted_s=cols[3].tolist(), host_s=cols[4], launch_s=cols[5], complete_s=cols[6], batch_reqs=size,
             prefill_reqs=zeros, prefill_tokens=zeros, decode_reqs=size, decode_tokens=size, context_tokens=ctx,
-            waiting=zeros + len(sched.waiting), evicted_pages=zeros, preempted=zeros, admitted=zeros, **kv)
+            waiting=zeros + len(sched.waiting), evicted_pages=evicted, preempted=zeros, admitted=zeros, **kv)
         self.steps += k
+        self.evicted += int(new_evicted.sum())
         loop.steps.output_tokens += int(size.sum())
         if loop._rows is not None:
             loop._stream_ended()
