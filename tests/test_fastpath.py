@@ -47,6 +47,10 @@ CASES = {
                                              *TIGHT, *A100],
     "chunked-tight-lpm-serial-page4": ["policy=chunked", "policy.order=lpm", "engine.page_size=4",
                                        "engine.overlap=false", *TIGHT],
+    # requests waiting on KV under the full reservation, with overlap: stretches that need the
+    # step before to be the same decode, and stop before anyone ends or any page is evicted
+    "prefill_first-tight-full": ["policy=prefill_first", *TIGHT],
+    "chunked-sharegpt-pool20k": ["policy=chunked", *SHAREGPT, "engine.num_pages=20000", "trace.rate=20"],
     "chunked-sharegpt-nocache-budget64": ["policy=chunked", "policy.token_budget=64", "cache=none", *SHAREGPT],
     "prefill_first-sharegpt-max_running4": ["policy=prefill_first", "scheduler.max_running=4", *SHAREGPT, *A100],
 }

@@ -1,10 +1,11 @@
 """Repeated decode steps: when a step's plan was a decode of every running request and nothing
 else, and the policy says such a plan repeats while nothing arrives, ends or is evicted
 (Policy.decodes_repeat), the next steps are that plan again, each request dropping out after
-its last token. This module bounds how many (the free pages cover the new ones; with someone
-waiting, no request may end: its KV freed could let an admission in) and applies them to the
-ledger and the KV at once, as that many calls of schedule and complete would: the same page
-ids, the requests ended and their KV released in the same order between the same
+its last token. This module bounds how many (the free pages cover the new ones, or with
+nobody waiting the free and evictable ones; with someone waiting no request may end and no
+page be evicted: either changes what an admission reads) and applies them to the ledger and
+the KV at once, as that many calls of schedule and complete would: the same page ids and
+evictions, the requests ended and their KV released in the same order between the same
 allocations. The simulator's fast path (testbed/sim/fastpath.py) owns the clock and the rows.
 
 Steps are numbered from the last plan: step j is the j-th after it. Request i runs in steps
@@ -120,7 +121,8 @@ def repeat_decodes(sched, reqs, left: np.ndarray, k: int, tokens: np.ndarray, ti
         cols["running"][done:turn] = len(sched.running)
         for i in np.flatnonzero(ends == turn).tolist():  # in plan order, as complete ends them
             r = reqs[i]
-            r.num_pages = int(after[left[i] - 1, i]) if left[i] else r.num_pages
+            if left[i]:
+                r.num_pages = int(after[left[i] - 1, i])
             if overlap:
                 r.inflight -= 1
                 r.pending_tokens -= 1
@@ -134,12 +136,9 @@ def repeat_decodes(sched, reqs, left: np.ndarray, k: int, tokens: np.ndarray, ti
         if r.row >= 0:
             r.num_pages = n
     sched.policy.skip_plans(k)
-    last = sched.step_id + k - 1  # the id of the k-th new step
-    sched.step_id += k
     items = np.flatnonzero(left >= k)  # the last step's batch
     nb = len(items)
-    sched._stats = {s: StepStats(s, decode_reqs=nb, decode_tokens=nb, evicted_pages=int(e))
-                    for s, e in ((last - 1, evicted[k - 2] if k > 1 else 0), (last, evicted[k - 1]))}
+    last = sched.skip_steps(k, StepStats(-1, decode_reqs=nb, decode_tokens=nb, evicted_pages=int(evicted[-1])))
     cols["evicted"] = evicted
     if not overlap:
         return None, cols

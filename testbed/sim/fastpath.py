@@ -95,11 +95,10 @@ class FastPath:
         returns the plan left in flight (None without overlap)."""
         loop, sched = self.loop, self.loop.sched
         reqs = plan.reqs
-        first = plan.step_id + (0 if loop.overlap else 1)  # the first step collected
         evicted_before = sched.stats_of(plan).evicted_pages
         k = len(rows)
         b = len(reqs)
-        s = np.arange(k) + (0 if loop.overlap else 1)  # the steps collected, numbered from the plan
+        s = np.arange(k) + (0 if loop.overlap else 1)  # the steps collected, numbered from the plan's
         d0 = np.array([r.device_len for r in reqs], np.int64) + (0 if loop.overlap else 1)  # the first id's length
         tokens = synthetic_id(np.array([r.rid for r in reqs], np.int64)[:, None], d0[:, None] + np.arange(k))
         cols = [array("d", c) for c in zip(*rows)]  # start, end (the tokens' times), duration, ...
@@ -114,7 +113,7 @@ class FastPath:
         evicted = np.concatenate([[evicted_before], new_evicted[:-1]]) if loop.overlap else new_evicted
         zeros = np.zeros(k, np.int64)
         loop.steps.extend(
-            step=np.arange(first, first + k), start_s=cols[0], end_s=cols[1], duration_s=cols[2],
+            step=plan.step_id + s, start_s=cols[0], end_s=cols[1], duration_s=cols[2],
             predicted_s=cols[3].tolist(), host_s=cols[4], launch_s=cols[5], complete_s=cols[6], batch_reqs=size,
             prefill_reqs=zeros, prefill_tokens=zeros, decode_reqs=size, decode_tokens=size, context_tokens=ctx,
             waiting=zeros + len(sched.waiting), evicted_pages=evicted, preempted=zeros, admitted=zeros, **kv)
