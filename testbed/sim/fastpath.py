@@ -53,7 +53,7 @@ class FastPath:
         nxt = loop.feed.next_arrival()
         nxt = math.inf if nxt is None else nxt
         cached = np.array([r.cached_len for r in reqs], np.int64)  # step j's contexts: j - 1 tokens on
-        ends = batch_ends(left, k)
+        run_ends = batch_ends(left, k)
         pend = None
         if overlap:  # the step in flight is collected in the first turn: its loop times and costs
             h, ts, tl, tld = inflight
@@ -65,7 +65,7 @@ class FastPath:
         while j < k and nxt > clock:  # an arrival at or before the schedule time would be admitted
             j += 1  # this turn schedules step j
             if j > upto:  # cost the next steps, within the run of one batch that holds step j
-                n = min(CHUNK, int(ends[np.searchsorted(ends, j)]) - j + 1)
+                n = min(CHUNK, int(run_ends[np.searchsorted(run_ends, j)]) - j + 1)
                 costs = list(zip(*(c.tolist() for c in decode_costs(ex.cost_model, cached[left >= j] + (j - 1), n))))
                 upto = j + n - 1
             t = clock
