@@ -216,7 +216,8 @@ def _sim_backend(cfg, spec: ModelSpec, requests):
     pages = sim_kv_pages(cfg, spec, hw)
     sched = make_scheduler(cfg, spec, pages)
     env = simpy.Environment()
-    driver = SimDriver(sched, SimExecutor(cost, lambda: env.now), requests, overlap=resolved_overlap(cfg), env=env)
+    driver = SimDriver(sched, SimExecutor(cost, lambda: env.now), requests, overlap=resolved_overlap(cfg), env=env,
+                       fast_path=cfg.backend.fast_path)
     return sched, driver, {"num_pages": pages, "page_size": cfg.engine.page_size, "cost_model": repr(cost),
                            "overlap": resolved_overlap(cfg)}
 

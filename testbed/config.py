@@ -43,6 +43,15 @@ class BackendConfig:
 
 
 @dataclass
+class SimBackendConfig(BackendConfig):
+    """backend=sim: the SimPy simulator."""
+    name: str = "sim"
+    # run steady stretches of decode steps at once (testbed/sim/fastpath.py): the same files,
+    # byte for byte, in less time; false steps one by one (as check_every_step does, to check each)
+    fast_path: bool = True
+
+
+@dataclass
 class HttpBackendConfig(BackendConfig):
     """backend=http: replay the trace against an OpenAI-compatible server (testbed/client)."""
     name: str = "http"
@@ -249,6 +258,7 @@ def register_schema() -> None:
     store = ConfigStore.instance()
     store.store(name="config_schema", node=Config)
     store.store(group="schema/backend", name="http", node=HttpBackendConfig)  # conf/backend/http.yaml: its types
+    store.store(group="schema/backend", name="sim", node=SimBackendConfig)
     for name in POLICIES.names():
         store.store(group="policy", name=name, node=POLICIES.get(name).config(name=name))
     for group, registry in (("eviction", EVICTIONS), ("cache", PREFIX_CACHES)):
