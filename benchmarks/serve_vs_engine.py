@@ -88,7 +88,8 @@ def replay(url: str, overrides: list[str], rate: str, n: int, out: Path, python_
 
 def client_over_server(out: Path, rate: str) -> dict:
     """The server's own metrics of the requests the replay sent, the client's TTFT and E2E
-    over the server's for each request (ms: HTTP, tokenizer and detokenizer), and the client's
+    over the server's for each request (ms: HTTP both ways and the detokenizer: the server's own
+    times count from its HTTP handler), and the client's
     TTFT split by stage (STAGES), the two runs' clocks lined up by their summaries' origins."""
     import numpy as np
     import pandas as pd
@@ -111,19 +112,20 @@ def client_over_server(out: Path, rate: str) -> dict:
               for side, d in (("client", f"http_{rate}"), ("server", f"served_{rate}"))}
     shift = origin["client"] - origin["server"]  # a client time plus this is on the server's clock
     b = {k: both[k].to_numpy(float) for k in ("arrival_s_client", "first_scheduled_s_client", "first_token_s_client",
-                                               "received_s_server", "tokenized_s_server", "arrival_s_server", "first_token_s_server")}
+                                               "arrival_s_server", "tokenized_s_server", "queued_s_server", "first_token_s_server")}
     sent, first = b["first_scheduled_s_client"] + shift, b["first_token_s_client"] + shift
     stages = {"client_late": b["first_scheduled_s_client"] - b["arrival_s_client"],
-              "http_in": b["received_s_server"] - sent, "tokenizer": b["tokenized_s_server"] - b["received_s_server"],
-              "to_scheduler": b["arrival_s_server"] - b["tokenized_s_server"],
-              "engine": b["first_token_s_server"] - b["arrival_s_server"], "back_to_client": first - b["first_token_s_server"]}
+              "http_in": b["arrival_s_server"] - sent, "tokenizer": b["tokenized_s_server"] - b["arrival_s_server"],
+              "to_scheduler": b["queued_s_server"] - b["tokenized_s_server"],
+              "engine": b["first_token_s_server"] - b["queued_s_server"], "back_to_client": first - b["first_token_s_server"]}
     return {"server_metrics": summarize(served), "ttft_over_ms": q(ttft), "e2e_over_ms": q(e2e),
             "ttft_stages_ms": {k: q(v * 1e3) for k, v in stages.items()}}
 
 
 STAGES = ("client_late: the trace's arrival to the client sending it; http_in: sent to the app's handler; "
           "tokenizer: the handler to the ids ready; to_scheduler: to the scheduler taking it; engine: to the "
-          "first token's step end (the server's TTFT); back_to_client: to the client reading it")
+          "first token's step end; back_to_client: to the client reading it. The server's own TTFT counts from "
+          "the handler (its arrival_s): tokenizer + to_scheduler + engine")
 
 
 def main() -> int:

@@ -73,12 +73,14 @@ class MessageFeed:
     # ---- messages -----------------------------------------------------------------------
     def _handle(self, msg, sched, now: float, outs: list) -> None:
         if isinstance(msg, TokenizedReq):
+            # arrival: when the app received it, as a replay's request arrives at its trace time (the
+            # tokenizer's time and the wait for the step in flight are then in its TTFT, as there)
             o = self.clock_origin
             r = Request(rid=msg.rid, prompt_len=len(msg.prompt_ids), max_new_tokens=msg.max_new_tokens,
-                        arrival=now, prompt_ids=msg.prompt_ids, ignore_eos=msg.ignore_eos,
-                        eos_token_ids=self.eos, sampling=msg.sampling,
-                        received=None if msg.received is None else msg.received - o,
-                        tokenized=None if msg.tokenized is None else msg.tokenized - o)
+                        arrival=now if msg.received is None else msg.received - o,
+                        prompt_ids=msg.prompt_ids, ignore_eos=msg.ignore_eos, eos_token_ids=self.eos,
+                        sampling=msg.sampling, tokenized=None if msg.tokenized is None else msg.tokenized - o,
+                        queued_at=now)
             self.requests.append(r)
             self.received.add(r.rid)
             sched.add_request(r, now)

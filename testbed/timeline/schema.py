@@ -32,10 +32,11 @@ REQUESTS_SCHEMA = pa.schema([
     ("output_ids", pa.list_(pa.int64())),  # engine: the generated ids; simulator: null
     ("error", pa.string()),  # backend=http: why a FAILED request failed; else null
     ("response_id", pa.string()),  # backend=http: the id the server gave the response; else null
-    # a server's own requests (testbed.serve): when its HTTP frontend received the request and when a
-    # tokenizer worker had its ids, on the run's clock (arrival_s is when it reached the scheduler); else null
-    ("received_s", pa.float64()),
+    # a server's own requests (testbed.serve), whose arrival_s is when its HTTP frontend received the
+    # request: when a tokenizer worker had its ids, and when the scheduler took it into its queue
+    # (between steps: a request that comes during a step waits for it, as a replay's arrival does); else null
     ("tokenized_s", pa.float64()),
+    ("queued_s", pa.float64()),
 ])
 
 STEPS_SCHEMA = pa.schema([
