@@ -194,8 +194,7 @@ def _drive(cfg: Config, driver, trace, n: int) -> _Ran:
 def _write(cfg: Config, out_dir: str, ran: _Ran, reqs, steps, extra: dict, keep_ids, row, print_table: bool,
            rows=None) -> dict:
     """The run's files (a signal meanwhile waits for them) and its table; row, rows: write_run's."""
-    from testbed.timeline import write_run
-    from testbed.timeline.writer import WriteError
+    from testbed.timeline.writer import WriteError, write_run
     extra = {"complete": ran.complete, "error": ran.error, **extra}  # after the end-of-run check
     unwritten = None
     with _signals_wait_for_the_write():

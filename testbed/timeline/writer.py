@@ -7,10 +7,8 @@ import os
 import platform
 import subprocess
 import sys
-from array import array
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -18,38 +16,7 @@ from testbed.timeline import metrics as metric_columns
 from testbed.timeline.metrics import summarize
 from testbed.timeline.records import request_row
 from testbed.timeline.request_rows import RequestRows
-from testbed.timeline.schema import REQUESTS_SCHEMA, STEPS_SCHEMA
-
-STEP_COLUMNS = [f.name for f in STEPS_SCHEMA]
-# a step row's numbers in typed arrays (8 bytes a value, not a Python object and a pointer:
-# a long run has millions); predicted_s stays a list: the engine fills it after the run (None until then)
-_TYPECODES = {pa.int64(): "q", pa.float64(): "d"}
-_NUMPY = {"q": np.int64, "d": np.float64}
-NULLABLE_STEP_COLUMNS = {"predicted_s"}
-
-
-class StepLog:
-    """Columnar, append-only: one column per field, so a step costs one append each."""
-
-    def __init__(self):
-        self.cols = {f.name: [] if f.name in NULLABLE_STEP_COLUMNS else array(_TYPECODES[f.type])
-                     for f in STEPS_SCHEMA}
-        self._appends = [(c, self.cols[c].append) for c in STEP_COLUMNS]  # bound once, not per step
-        self.output_tokens = 0  # sampled so far, for progress reports
-
-    def append(self, **row) -> None:
-        for c, append in self._appends:
-            append(row[c])
-
-    def set_last(self, column: str, value) -> None:
-        self.cols[column][-1] = value
-
-    def __len__(self) -> int:
-        return len(self.cols["step"])
-
-    def table(self) -> pa.Table:
-        cols = {c: v if isinstance(v, list) else np.frombuffer(v, _NUMPY[v.typecode]) for c, v in self.cols.items()}
-        return pa.table(cols, schema=STEPS_SCHEMA)
+from testbed.timeline.steplog import StepLog
 
 
 def requests_table(reqs, keep_output_ids: bool, row=request_row, rows: RequestRows | None = None) -> pa.Table:
