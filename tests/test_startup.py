@@ -68,3 +68,16 @@ def test_the_one_composition_job_leaves_what_hydras_main_leaves(tmp_path):
     a, b = (json.loads((d / "summary.json").read_text()) for d in (ours, hydras))
     assert a["metrics"] == b["metrics"] and a["config"] == b["config"] and a["versions"] == b["versions"]
     assert "hydra.mode=RUN" in (ours / ".hydra" / "hydra.yaml").read_text()
+
+
+def test_a_simulator_run_ends_without_pandas_and_still_records_its_version(tmp_path):
+    """Its files are built from their buffers (testbed/timeline/arrow_build.py): pyarrow's own
+    conversions would import pandas."""
+    code = ("import atexit, runpy, sys; atexit.register(lambda: print('pandas loaded:', 'pandas' in sys.modules)); "
+            "sys.argv[0] = 'testbed.run'; runpy.run_module('testbed.run', run_name='__main__', alter_sys=True)")
+    p = subprocess.run([sys.executable, "-c", code, "trace.num_requests=10", "progress=false",
+                        f"hydra.run.dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip().splitlines()[-1] == "pandas loaded: False"
+    import pandas
+    assert json.loads((tmp_path / "summary.json").read_text())["versions"]["pandas"] == pandas.__version__

@@ -7,6 +7,7 @@ from array import array
 import numpy as np
 import pyarrow as pa
 
+from testbed.timeline.arrow_build import Column, table
 from testbed.timeline.schema import STEPS_SCHEMA
 
 STEP_COLUMNS = [f.name for f in STEPS_SCHEMA]
@@ -36,6 +37,9 @@ class StepLog:
     def __len__(self) -> int:
         return len(self.cols["step"])
 
+    def columns(self) -> dict[str, Column]:
+        return {f.name: Column.of(f.name, v, f.type) if isinstance(v, list) else
+                Column(f.type, np.frombuffer(v, _NUMPY[v.typecode])) for f, v in zip(STEPS_SCHEMA, self.cols.values())}
+
     def table(self) -> pa.Table:
-        cols = {c: v if isinstance(v, list) else np.frombuffer(v, _NUMPY[v.typecode]) for c, v in self.cols.items()}
-        return pa.table(cols, schema=STEPS_SCHEMA)
+        return table(self.columns(), STEPS_SCHEMA)

@@ -2,6 +2,7 @@
 summary.json (each written to a temporary name, then renamed: a file is whole or absent)."""
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import platform
@@ -13,19 +14,25 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from testbed.timeline import metrics as metric_columns
+from testbed.timeline.arrow_build import Column, table
 from testbed.timeline.metrics import summarize
 from testbed.timeline.records import request_row
 from testbed.timeline.request_rows import RequestRows
+from testbed.timeline.schema import REQUESTS_SCHEMA, STEPS_SCHEMA
 from testbed.timeline.steplog import StepLog
 
 
 def requests_table(reqs, keep_output_ids: bool, row=request_row, rows: RequestRows | None = None) -> pa.Table:
     """row: a request's row (request_row for the scheduler's ledger, testbed.client's client_row);
     rows: rows gathered already (a replay's streamed ones), the requests `reqs` added to them."""
+    return table(_request_columns(reqs, keep_output_ids, row, rows), REQUESTS_SCHEMA)
+
+
+def _request_columns(reqs, keep_output_ids: bool, row, rows: RequestRows | None) -> dict[str, Column]:
     rows = rows if rows is not None else RequestRows(keep_output_ids, row)
     for r in reqs:
         rows.add(r)
-    return rows.table()
+    return rows.columns()
 
 
 def git_revision() -> str | None:
@@ -41,11 +48,15 @@ def git_revision() -> str | None:
 
 
 def versions() -> dict:
+    """The versions of the libraries the run loaded, and pandas' always (the files are read
+    with it; a simulator run writes them without loading it)."""
     out = {"python": platform.python_version()}
     for mod in ("numpy", "pandas", "pyarrow", "simpy", "hydra", "torch", "transformers", "flashinfer"):
         m = sys.modules.get(mod)
         if m is not None:
             out[mod] = getattr(m, "__version__", "?")
+        elif mod == "pandas":
+            out[mod] = importlib.metadata.version("pandas")
     return out
 
 
@@ -62,8 +73,9 @@ def write_run(out_dir: str | os.PathLike, reqs, steps: StepLog, config: dict, ex
     slo: the run's SLOConfig (goodput and SLO attainment), or None. row, rows: as requests_table's."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    rt = requests_table(reqs, keep_output_ids, row, rows)
-    st = steps.table()
+    req = _request_columns(reqs, keep_output_ids, row, rows)
+    step = steps.columns()
+    rt, st = table(req, REQUESTS_SCHEMA), table(step, STEPS_SCHEMA)
     failed: dict[str, str] = {}  # file -> why it could not be written
 
     def attempt(name, write):
@@ -80,9 +92,10 @@ def write_run(out_dir: str | os.PathLike, reqs, steps: StepLog, config: dict, ex
     attempt("requests.parquet", lambda t: pq.write_table(rt, t, compression="zstd"))
     attempt("steps.parquet", lambda t: pq.write_table(st, t, compression="zstd"))
     slos = (slo.ttft_ms, slo.tpot_ms, slo.e2e_ms) if slo is not None else ()
-    scalars = [c for c in metric_columns.REQUEST_COLUMNS if c != "token_times_s"]  # the times stay flat
-    metrics = summarize(rt.select(scalars).to_pandas(), st.select(list(metric_columns.STEP_COLUMNS)).to_pandas(),
-                        *slos, token_times=rt.column("token_times_s").combine_chunks())
+    times = req["token_times_s"]  # the token times stay flat: values and offsets
+    metrics = summarize({c: req[c].numpy() for c in metric_columns.REQUEST_COLUMNS if c != "token_times_s"},
+                        {c: step[c].numpy() for c in metric_columns.STEP_COLUMNS}, *slos,
+                        token_times=(times.values, times.offsets))
     summary = {"metrics": metrics, **extra, "config": config, "versions": versions(), "git_revision": git_revision()}
     if failed:  # the summary says which of its files are missing
         summary["unwritten_files"] = list(failed)
