@@ -1,7 +1,6 @@
 """Per-request and per-step timelines, one schema for simulator and engine. The package holds
 the step rows a run records (StepLog); the writer (testbed.timeline.writer: pyarrow.parquet)
-and the metrics (testbed.timeline.metrics: pandas) are imported where a run ends, not before
-its first step."""
+is imported where a run ends, not before its first step."""
 from testbed.timeline.steplog import StepLog
 
 __all__ = ["StepLog"]

@@ -1,5 +1,5 @@
 """The run's step rows as they are recorded (steps.parquet's columns), apart from the writer so
-that a run imports it before its first step without the writer's pyarrow.parquet and pandas."""
+that a run imports it before its first step without the writer's pyarrow.parquet."""
 from __future__ import annotations
 
 from array import array
