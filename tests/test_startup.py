@@ -1,6 +1,7 @@
-"""A simulator run's start-up (issue #13): its config composed once, no pandas, pyarrow.parquet,
-torch, transformers or scipy imported before the first step, and the one-composition job
-(testbed/hydra_once.py) leaving what Hydra's own main leaves."""
+"""A simulator run's start-up and end (issue #13): its config composed once, no pandas,
+pyarrow.parquet, torch, transformers or scipy imported before the first step, the
+one-composition job (testbed/hydra_once.py) leaving what Hydra's own main leaves, and no
+pandas for the files at the end either."""
 from __future__ import annotations
 
 import json
