@@ -19,8 +19,11 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
+import resource
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from testbed.serve.server_process import ServerError, ServerProcess, child_env
@@ -63,11 +66,17 @@ def run_in_process(overrides: list[str], plan: list[tuple[str, int]], out: Path)
     return result
 
 
-def replay(url: str, overrides: list[str], rate: str, n: int, out: Path) -> dict:
+def cpu_seconds(pid: int) -> float:
+    """A live process's user + system CPU time so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def replay(url: str, overrides: list[str], rate: str, n: int, out: Path, python_args=()) -> dict:
     """python -m testbed.run backend=http, as a user runs it; its summary's metrics."""
     own = [o for o in overrides if not o.startswith(SERVER_ONLY)]
     d = out / f"http_{rate}"
-    p = subprocess.run([sys.executable, "-m", "testbed.run", *own, "backend=http", f"backend.url={url}",
+    p = subprocess.run([sys.executable, *python_args, "-m", "testbed.run", *own, "backend=http", f"backend.url={url}",
                         "progress=false", f"hydra.run.dir={d}", *trace_overrides(rate, n)],
                        cwd=ROOT, env=child_env(), capture_output=True, text=True)
     if p.returncode != 0:
@@ -78,8 +87,9 @@ def replay(url: str, overrides: list[str], rate: str, n: int, out: Path) -> dict
 
 
 def client_over_server(out: Path, rate: str) -> dict:
-    """The server's own metrics of the requests the replay sent, and the client's TTFT and E2E
-    over the server's for each request (ms: HTTP, tokenizer and detokenizer)."""
+    """The server's own metrics of the requests the replay sent, the client's TTFT and E2E
+    over the server's for each request (ms: HTTP, tokenizer and detokenizer), and the client's
+    TTFT split by stage (STAGES), the two runs' clocks lined up by their summaries' origins."""
     import numpy as np
     import pandas as pd
 
@@ -97,7 +107,23 @@ def client_over_server(out: Path, rate: str) -> dict:
     e2e = (both["e2e_s_client"] - both["e2e_s_server"]).to_numpy() * 1e3
     q = lambda a: {"median": float(np.median(a)), "p90": float(np.quantile(a, 0.9)),  # noqa: E731
                    "min": float(a.min()), "max": float(a.max())}
-    return {"server_metrics": summarize(served), "ttft_over_ms": q(ttft), "e2e_over_ms": q(e2e)}
+    origin = {side: json.loads((out / d / "summary.json").read_text())["clock_origin_s"]
+              for side, d in (("client", f"http_{rate}"), ("server", f"served_{rate}"))}
+    shift = origin["client"] - origin["server"]  # a client time plus this is on the server's clock
+    b = {k: both[k].to_numpy(float) for k in ("arrival_s_client", "first_scheduled_s_client", "first_token_s_client",
+                                               "received_s_server", "tokenized_s_server", "arrival_s_server", "first_token_s_server")}
+    sent, first = b["first_scheduled_s_client"] + shift, b["first_token_s_client"] + shift
+    stages = {"client_late": b["first_scheduled_s_client"] - b["arrival_s_client"],
+              "http_in": b["received_s_server"] - sent, "tokenizer": b["tokenized_s_server"] - b["received_s_server"],
+              "to_scheduler": b["arrival_s_server"] - b["tokenized_s_server"],
+              "engine": b["first_token_s_server"] - b["arrival_s_server"], "back_to_client": first - b["first_token_s_server"]}
+    return {"server_metrics": summarize(served), "ttft_over_ms": q(ttft), "e2e_over_ms": q(e2e),
+            "ttft_stages_ms": {k: q(v * 1e3) for k, v in stages.items()}}
+
+
+STAGES = ("client_late: the trace's arrival to the client sending it; http_in: sent to the app's handler; "
+          "tokenizer: the handler to the ids ready; to_scheduler: to the scheduler taking it; engine: to the "
+          "first token's step end (the server's TTFT); back_to_client: to the client reading it")
 
 
 def main() -> int:
@@ -107,6 +133,9 @@ def main() -> int:
     ap.add_argument("--requests", type=int, help="that many requests at every rate instead")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--skip-engine", action="store_true", help="the HTTP side only")
+    ap.add_argument("--profile", action="store_true",
+                    help="cProfile the app's process and the client into DIR/{app,client}_RATE.prof (slows both: "
+                         "their latencies then say little)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for both sides (after --)")
     a = ap.parse_args()
     rates = [r.strip() for r in a.rates.split(",") if r.strip()]
@@ -119,14 +148,21 @@ def main() -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     engine = {} if a.skip_engine else run_in_process(a.overrides, plan, a.out)
 
-    http, served = {}, {}
+    http, served, cpu_share = {}, {}, {}
     for rate, n in plan:  # a fresh server a rate: its prefix cache holds none of the last rate's prompts
+        prof = lambda side: ("-m", "cProfile", "-o", str((a.out / f"{side}_{rate}.prof").resolve())) if a.profile else ()  # noqa: E731
         try:
-            server = ServerProcess(a.overrides, a.out / f"served_{rate}", SERVER_START_S)
+            server = ServerProcess(a.overrides, a.out / f"served_{rate}", SERVER_START_S, prof("app"))
         except ServerError as e:
             raise SystemExit(str(e)) from None
         try:
-            http[rate] = replay(server.url, a.overrides, rate, n, a.out)
+            pids = server.pids()
+            before, children, t = {k: cpu_seconds(p) for k, p in pids.items()}, resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+            http[rate] = replay(server.url, a.overrides, rate, n, a.out, prof("client"))
+            wall, after = time.perf_counter() - t, resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu = {k: cpu_seconds(p) - before[k] for k, p in pids.items()}
+            cpu["client"] = after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime
+            cpu_share[rate] = {"replay_wall_s": wall, **{k: v / wall for k, v in cpu.items()}}
         except BaseException:
             server.kill()
             raise
@@ -135,7 +171,9 @@ def main() -> int:
             raise SystemExit(f"the server exited with {rc} on Ctrl-C; its log: {server.log_path}")
         served[rate] = client_over_server(a.out, rate)
 
-    result = {"overrides": a.overrides, "plan": plan, "engine": engine, "http": http, "served": served}
+    result = {"overrides": a.overrides, "plan": plan, "engine": engine, "http": http, "served": served,
+              "ttft_stages": STAGES, "cpu_share": cpu_share,
+              "cpu_share_is": "each process's CPU seconds over the replay's wall time (1.0: one core busy throughout)"}
     (a.out / "serve_vs_engine.json").write_text(json.dumps(result, indent=1) + "\n")
     # every request the server took finished, and as many as in-process (the same ones are over the context)
     bad = [r for r, _ in plan if http[r]["errors"] or http[r]["unfinished"]
@@ -149,6 +187,11 @@ def main() -> int:
         o = served[rate]
         print(f"{rate:>6} client - server per request, ms: TTFT median {o['ttft_over_ms']['median']:.2f} "
               f"(p90 {o['ttft_over_ms']['p90']:.2f}), E2E median {o['e2e_over_ms']['median']:.2f}")
+        print(f"{rate:>6} client TTFT by stage, median (p90) ms: " + ", ".join(
+            f"{k} {v['median']:.2f} ({v['p90']:.2f})" for k, v in o["ttft_stages_ms"].items()))
+        print(f"{rate:>6} CPU share over the replay: " + ", ".join(
+            f"{k} {v:.2f}" for k, v in cpu_share[rate].items() if k != "replay_wall_s"))
+    print(f"stages: {STAGES}")
     if bad:
         print(f"rates {bad}: a replay had errors or unfinished requests, or finished other than in-process",
               file=sys.stderr)

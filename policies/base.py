@@ -69,6 +69,13 @@ class Policy:
     `Config`. One subclass per module in policies/scheduling."""
     name = "base"
     Config: ClassVar[type[PolicyConfig]] = PolicyConfig
+    #: plan() reads the view only through what a decode step of every running request leaves
+    #: as it was: the queues and their order, which running requests are decodes, the budgets,
+    #: and (through `admit`) the KV left after the reservation against an admission's need. Then
+    #: a plan of those decodes alone repeats while nothing arrives, ends or is evicted, and the
+    #: simulator may run such steps at once (decodes_repeat; testbed/sim/fastpath.py). A policy
+    #: reading anything else (the clock, the step number) leaves it False.
+    repeats_decodes: ClassVar[bool] = False
 
     def __init__(self, cfg: PolicyConfig):
         from policies.order import make_order
@@ -88,6 +95,17 @@ class Policy:
 
     def plan(self, view: SchedulerView) -> BatchPlan:
         raise NotImplementedError
+
+    def decodes_repeat(self, view: SchedulerView) -> bool:
+        """Having planned a decode of every running request and nothing else from this view's
+        state, whether the next steps' plans are the same while nothing arrives, ends or is
+        evicted (see repeats_decodes)."""
+        return self.repeats_decodes and self.reserve.holds_over_decodes(view)
+
+    def skip_plans(self, k: int) -> None:
+        """k plans were made as decodes_repeat said without asking plan(): the per-step state
+        make_plan keeps moves on as k calls would have moved it."""
+        self.reserve.skip(k)
 
     def choose_victim(self, view: SchedulerView, candidates: Sequence[Request]) -> Request:
         """Which running request to preempt when KV runs out: the latest admitted."""

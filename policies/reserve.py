@@ -14,6 +14,15 @@ class FullReserve:
     def observe(self, view: SchedulerView) -> None:
         pass
 
+    def holds_over_decodes(self, view: SchedulerView) -> bool:
+        """Whether an admission's need and the KV left (free + evictable - running_pages) are
+        as they were after a decode step of every running request (no eviction): a page taken
+        from the pool is a page held, and the reservation counts held pages off."""
+        return True
+
+    def skip(self, k: int) -> None:
+        """k steps observed without a preemption."""
+
     def running_pages(self, view: SchedulerView) -> int:
         p = view.page_size
         held = view.pages_held  # looked up once: it is called for every running request
@@ -41,6 +50,15 @@ class EstimateReserve(FullReserve):
             self._seen_preemptions = view.num_preemptions
             self.ratio = self.init
         else:
+            self.skip(1)
+
+    def holds_over_decodes(self, view: SchedulerView) -> bool:
+        """The ratio moves every step, and with it what admissions may use: only an empty
+        queue stays without admissions for sure."""
+        return not view.waiting
+
+    def skip(self, k: int) -> None:
+        for _ in range(k):  # one subtraction a step, as observe makes them (the floats round alike)
             self.ratio = max(self.minimum, self.ratio - self.decay)
 
     def running_pages(self, view: SchedulerView) -> int:

@@ -216,7 +216,8 @@ def _sim_backend(cfg, spec: ModelSpec, requests):
     pages = sim_kv_pages(cfg, spec, hw)
     sched = make_scheduler(cfg, spec, pages)
     env = simpy.Environment()
-    driver = SimDriver(sched, SimExecutor(cost, lambda: env.now), requests, overlap=resolved_overlap(cfg), env=env)
+    driver = SimDriver(sched, SimExecutor(cost, lambda: env.now), requests, overlap=resolved_overlap(cfg), env=env,
+                       fast_path=cfg.backend.fast_path)
     return sched, driver, {"num_pages": pages, "page_size": cfg.engine.page_size, "cost_model": repr(cost),
                            "overlap": resolved_overlap(cfg)}
 
@@ -234,7 +235,8 @@ def engine_settings(cfg, spec: ModelSpec):
         weights="dummy" if m.weights == "dummy" else m.path, seed=cfg.seed, page_size=e.page_size,
         num_pages=e.num_pages, mem_fraction=e.mem_fraction, cuda_graph_max_bs=e.cuda_graph_max_bs,
         piecewise_graphs=e.piecewise_graphs, warmup=e.warmup, overlap=resolved_overlap(cfg),
-        max_running=lim.max_running, max_step_tokens=lim.max_step_tokens, tp=e.tp, debug_plan_hash=e.debug_plan_hash)
+        max_running=lim.max_running, max_step_tokens=lim.max_step_tokens, tp=e.tp, debug_plan_hash=e.debug_plan_hash,
+        cpu_threads=e.cpu_threads)
 
 
 def engine_parts(cfg):
@@ -277,4 +279,7 @@ def _engine_backend(cfg, spec: ModelSpec, requests, parts, driver_class=None, fe
             "attention": s.attention, "kernels": resolve_kernels(s.kernels, parts.device), "weights": str(parts.report),
             "cuda_graphs": executor.graphs is not None, "piecewise_graphs": executor.pieces is not None,
             "overlap": s.overlap, "cost_model": repr(cost), "warmup_s": parts.warmup_s}
+    if parts.device.type == "cpu":  # this (first) rank's intra-op threads: engine.cpu_threads, or the default
+        import torch
+        info["cpu_threads"] = torch.get_num_threads()
     return sched, driver, info

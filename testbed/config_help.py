@@ -47,7 +47,7 @@ def knobs(cls=None, prefix: str = "") -> list[tuple[str, str]]:
             if t is PolicyConfig:
                 out += policy_knobs(f"{prefix}{f.name}.")
             if t is BackendConfig:
-                out += http_knobs(f"{prefix}{f.name}.")
+                out += backend_knobs(f"{prefix}{f.name}.")
         elif t is not typing.Any:  # Any: a group's own yaml (hardware, costmodel)
             out.append((prefix + f.name, docs.get(f.name, "")))
     return out
@@ -66,12 +66,16 @@ def policy_knobs(prefix: str = "policy.") -> list[tuple[str, str]]:
     return [(prefix + k, "" if None in v else "; ".join(v)) for k, v in sorted(by_knob.items())]
 
 
-def http_knobs(prefix: str = "backend.") -> list[tuple[str, str]]:
-    """(dotted key, help) of backend=http's own settings, with their defaults there."""
-    from testbed.config import BackendConfig, HttpBackendConfig
-    docs, base = _docs(HttpBackendConfig), {f.name for f in dataclasses.fields(BackendConfig)}
-    return [(prefix + f.name, f"backend=http ({'null' if f.default is None else str(f.default).lower()}): "
-             f"{docs.get(f.name, '')}") for f in dataclasses.fields(HttpBackendConfig) if f.name not in base]
+def backend_knobs(prefix: str = "backend.") -> list[tuple[str, str]]:
+    """(dotted key, help) of each backend's own settings (backend=sim's, backend=http's), with
+    their defaults there."""
+    from testbed.config import BackendConfig, HttpBackendConfig, SimBackendConfig
+    base, out = {f.name for f in dataclasses.fields(BackendConfig)}, []
+    for name, cls in (("sim", SimBackendConfig), ("http", HttpBackendConfig)):
+        docs = _docs(cls)
+        out += [(prefix + f.name, f"backend={name} ({'null' if f.default is None else str(f.default).lower()}): "
+                 f"{docs.get(f.name, '')}") for f in dataclasses.fields(cls) if f.name not in base]
+    return out
 
 
 def _defaults(keys) -> dict[str, object]:
@@ -104,7 +108,7 @@ def render() -> str:
               "conf/hardware and conf/costmodel):"]
     rows = knobs()
     defaults = _defaults([k for k, _ in rows])
-    by_policy = {k for k, _ in policy_knobs() + http_knobs()}  # their defaults are in the help: a policy's, http's
+    by_policy = {k for k, _ in policy_knobs() + backend_knobs()}  # their defaults are in the help: a policy's, a backend's
     width = max(len(k) for k, _ in rows)
     for key, doc in rows:
         v = defaults[key]

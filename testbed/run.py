@@ -148,6 +148,7 @@ class _Ran:
         self.started_at = datetime.datetime.now(datetime.timezone.utc)  # the wall clock at t=0 of the timelines
         self.t0 = time.perf_counter()
         self.wall = 0.0
+        self.clock_origin = None  # a wall-clock driver's t=0 as a perf_counter() value
 
     def fields(self, cfg: Config, trace, n: int, steps: int | None) -> dict:
         """summary.json's account of the run (n requests; steps: None for a client, which has none)."""
@@ -157,6 +158,8 @@ class _Ran:
                            "synthesized_arrivals": trace.synthesized_arrivals}
                           if trace is not None else {"name": "served", "num_requests": n}),
                 "started_at": self.started_at.isoformat(), "wall_time_s": self.wall,
+                # lines up the timelines of a client and a server run on one machine (CLOCK_MONOTONIC)
+                "clock_origin_s": self.clock_origin,
                 "steps_per_wall_s": steps / self.wall if steps is not None and self.wall else None}
 
 
@@ -188,6 +191,7 @@ def _drive(cfg: Config, driver, trace, n: int) -> _Ran:
         progress.close()
         driver.close()  # stops the TP ranks
     ran.wall = time.perf_counter() - ran.t0
+    ran.clock_origin = getattr(driver, "clock_origin", None)
     return ran
 
 

@@ -99,6 +99,9 @@ class StepLoop:
         self._rows = None  # stream_rows' sink, or None
         self._seen_done = 0  # sched.done[:_seen_done] were looked at
         self._ended: list = []  # ended, their rows not yet taken (a step in flight holds their KV)
+        # runs steady stretches at once after a step (the simulator's fast path,
+        # testbed/sim/fastpath.py): run(plan, before, inflight) -> the new step in flight; or None
+        self.steady = None
 
     def stream_rows(self, rows) -> None:
         """Hand each request's row to `rows` (testbed.timeline.RequestRows) once it has ended
@@ -130,7 +133,9 @@ class StepLoop:
                     yield handle.host_done
                 handle = (handle, t, t_launch, now())
             finished_one = inflight is not None
+            before = None
             if inflight is not None:
+                before = inflight[0].plan
                 yield from self._finish(inflight, now)
                 inflight = None
             if handle is not None:
@@ -138,6 +143,8 @@ class StepLoop:
                     inflight = handle
                 else:
                     yield from self._finish(handle, now)
+                if self.steady is not None:
+                    inflight = yield from self.steady.run(plan, before, inflight)
                 continue
             if finished_one:  # its results may make something runnable
                 continue

@@ -31,7 +31,7 @@ SCENARIOS = {
                       ("preempt", "prefix")),
     "preempt_sync": (["policy.token_budget=32", "engine.num_pages=250", "policy.reserve=estimate",
                       "engine.overlap=false"], ("preempt", "chunks")),
-    "no_cache_sjf": (["cache=none", "policy.order=sjf", "policy=decode_first"], ()),
+    "no_cache_sjf": (["cache=none", "policy.order=sjf", "policy=decode_first", "engine.cpu_threads=1"], ("one_thread",)),
     # the fused Triton kernels (CPU interpreter here, tests/conftest.py) in place of torch ops
     "triton_kernels": (["engine.kernels=triton", "policy.token_budget=32"], ("chunks", "prefix", "triton")),
 }
@@ -55,6 +55,12 @@ def test_greedy_ids_equal_hf_generate(model_and_reference, tmp_path, scenario):
     if "triton" in needs:
         pytest.importorskip("triton")
         assert json.loads((tmp_path / "summary.json").read_text())["kv"]["kernels"] == "triton"
+    kv = json.loads((tmp_path / "summary.json").read_text())["kv"]
+    if "one_thread" in needs:
+        assert kv["cpu_threads"] == 1
+    else:  # torch's default: one a core
+        import torch
+        assert kv["cpu_threads"] == torch.get_num_threads()
     steps = pd.read_parquet(tmp_path / "steps.parquet")
     assert steps["predicted_s"].notna().all() and (steps["duration_s"] > 0).all()
     # no engine.attention given: on a CPU it is torch's

@@ -69,6 +69,12 @@ def test_a_replay_over_http_agrees_with_the_server(tmp_path):
     assert (overhead >= 0).all(), overhead
     e2e_over = (both["e2e_s_client"] - both["e2e_s_server"]).to_numpy() * 1000
     assert (e2e_over >= 0).all(), e2e_over
+    # both clocks lined up (one machine's CLOCK_MONOTONIC): each request was sent, then received by the
+    # app, then taken by the scheduler; its first token was made on the server, then read by the client
+    shift = summary["clock_origin_s"] - json.loads((tmp_path / "served" / "summary.json").read_text())["clock_origin_s"]
+    sent = both["first_scheduled_s_client"] + shift
+    assert (sent <= both["received_s_server"]).all() and (both["received_s_server"] <= both["arrival_s_server"]).all()
+    assert (both["first_token_s_server"] <= both["first_token_s_client"] + shift).all()
     print(f"\nTTFT client - server, ms: median {np.median(overhead):.1f}, min {overhead.min():.1f}, "
           f"max {overhead.max():.1f}; E2E: median {np.median(e2e_over):.1f}; client mean TTFT "
           f"{m['mean_ttft_ms']:.1f} ms, ITL {m['mean_itl_ms']:.1f} ms")

@@ -199,6 +199,11 @@ def test_ctrl_c_writes_what_was_served(server):
     assert reqs["rid"].is_unique and (reqs.loc[reqs.finish_reason == "length", "output_tokens"]
                                       == reqs.loc[reqs.finish_reason == "length", "max_new_tokens"]).all()
     assert len(pq.read_table(server.out / "steps.parquet")) > 0
+    # each request's stages on the run's clock: received by the app, tokenized, taken by the scheduler
+    took = reqs[reqs.reject_reason.isna()]
+    assert took[["received_s", "tokenized_s"]].notna().all().all()
+    assert ((0 < took.received_s) & (took.received_s <= took.tokenized_s) & (took.tokenized_s <= took.arrival_s)).all()
+    assert summary["clock_origin_s"] > 0
 
 
 def test_a_dead_worker_takes_the_server_down_naming_it(model_dir, tmp_path):

@@ -77,3 +77,19 @@ def test_the_earliest_of_several_stop_strings_wins():
 def test_no_stop_strings_holds_nothing():
     out, stopped, _ = stream([], ["a", "b"])
     assert out == ["a", "b"] and not stopped
+
+
+def test_a_steps_first_tokens_go_out_ahead_of_the_rest(tok):
+    from testbed.serve.detokenizer_worker import Detokenizer
+    from testbed.serve.messages import DetokenizeReq, TokenOut
+    d = Detokenizer(tok, to_scheduler=None)
+    for rid in range(4):
+        d.register(DetokenizeReq(rid, 3, ()))
+    a, b = tok("a")["input_ids"], tok("b")["input_ids"]
+    assert [[o.rid for o in m] for m in d.batch([TokenOut(0, a), TokenOut(1, a)])] == [[0, 1]]  # all first: one message
+    # requests 0 and 1 are streaming; 2 and 3 get their first tokens in this step, 3 only half a character
+    half = tok("😀")["input_ids"][:1]
+    msgs = d.batch([TokenOut(0, b), TokenOut(2, a), TokenOut(1, b, "length"), TokenOut(3, half)])
+    assert [[(o.rid, o.text, o.finish_reason) for o in m] for m in msgs] == [[(2, "a", None)],
+                                                                          [(0, "b", None), (1, "b", "length")]]
+    assert [[o.text for o in m] for m in d.batch([TokenOut(3, tok("😀")["input_ids"][1:])])] == [["😀"]]

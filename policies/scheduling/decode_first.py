@@ -20,6 +20,7 @@ class DecodeFirst(Policy):
     max_num_batched_tokens; decodes beyond the budget wait for the next step."""
     name = "decode_first"
     Config = DecodeFirstConfig
+    repeats_decodes = True  # plan() reads the queues, the budget and admit's KV check only
 
     def plan(self, view: SchedulerView) -> BatchPlan:
         plan = BatchPlan()

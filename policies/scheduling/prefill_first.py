@@ -20,6 +20,7 @@ class PrefillFirst(Policy):
     decode batch of every running request. Prefill and decode never mix."""
     name = "prefill_first"
     Config = PrefillFirstConfig
+    repeats_decodes = True  # plan() reads the queues, the budget and admit's KV check only
 
     def plan(self, view: SchedulerView) -> BatchPlan:
         plan = BatchPlan()

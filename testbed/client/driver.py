@@ -10,8 +10,6 @@ import signal
 import threading
 import time
 
-import httpx
-
 from testbed.client.record import ClientRecord
 from testbed.client.stream import send
 from testbed.timeline import StepLog
@@ -32,6 +30,7 @@ class HttpDriver:
         self.progress = None  # callable(done, total, now, output_tokens) or None
         self._done = self._tokens = 0
         self._stop = None  # the exception a signal asked for
+        self.clock_origin = None  # t=0 of the records' times as a perf_counter() value, once running
 
     def run(self) -> None:
         main_thread = threading.current_thread() is threading.main_thread()
@@ -54,14 +53,12 @@ class HttpDriver:
         main = asyncio.current_task()
         if threading.current_thread() is threading.main_thread():  # Ctrl-C: asyncio.run cancels it itself
             asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self._terminate, main)
-        t0 = time.perf_counter()
+        t0 = self.clock_origin = time.perf_counter()
 
         def clock() -> float:
             return time.perf_counter() - t0
         slots = asyncio.Semaphore(self.max_concurrency) if self.max_concurrency else None
-        timeout = httpx.Timeout(self.timeout_s)
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)  # httpx's 100 would cap it
-        async with httpx.AsyncClient(timeout=timeout, limits=limits) as client, asyncio.TaskGroup() as tasks:
+        async with asyncio.TaskGroup() as tasks:
             for rec, body in zip(self.records, self.bodies):
                 wait = rec.arrival - clock()
                 if wait > 0:
@@ -70,14 +67,14 @@ class HttpDriver:
                 if body is None:
                     self._ended(clock)
                 else:
-                    tasks.create_task(self._one(client, slots, rec, body, clock))
+                    tasks.create_task(self._one(slots, rec, body, clock))
 
-    async def _one(self, client, slots, rec: ClientRecord, body: dict, clock) -> None:
+    async def _one(self, slots, rec: ClientRecord, body: dict, clock) -> None:
         if slots is None:
-            await send(client, self.url, body, rec, clock)
+            await send(self.url, body, rec, clock, self.timeout_s)
         else:
             async with slots:
-                await send(client, self.url, body, rec, clock)
+                await send(self.url, body, rec, clock, self.timeout_s)
         self._tokens += rec.output_tokens
         self._ended(clock)
 

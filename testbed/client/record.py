@@ -45,5 +45,5 @@ def client_row(r: ClientRecord, keep_output_ids: bool) -> dict:
         "recomputed_tokens": None, "prefill_chunks": None, "chunk_times_s": None, "chunk_tokens": None,
         "preemptions": None, "queue_s": r.sent - r.arrival if r.sent is not None else None,
         "ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e, "token_times_s": list(r.token_times), "output_ids": None,
-        "error": r.error, "response_id": r.response_id,
+        "error": r.error, "response_id": r.response_id, "received_s": None, "tokenized_s": None,
     }

@@ -3,57 +3,56 @@ chunk came. As `vllm bench serve` counts: TTFT is the first chunk with a choice 
 may be empty), every later such chunk is one inter-token gap, E2E ends at the last one, and
 the output length is the server's usage.completion_tokens. An HTTP error, a connection
 error, a timeout, an error event mid-stream or a stream without usage fails the request with
-that error (what had come before it stays on the record)."""
+that error (what had come before it stays on the record). Each event is taken as its bytes
+arrive (testbed.client.sse_post), so its time is when it came, not when a task got to it."""
 from __future__ import annotations
 
 import json
 
-import httpx
-
 from testbed.client.record import ClientRecord
+from testbed.client.sse_post import StreamError, post_events
 
 
-async def send(client: httpx.AsyncClient, url: str, body: dict, rec: ClientRecord, clock) -> None:
+async def send(url: str, body: dict, rec: ClientRecord, clock, timeout_s: float) -> None:
     rec.state, rec.sent = "RUNNING", clock()
-    usage = None
-    ended = False  # [DONE] came
+    got = {"usage": None, "ended": False, "failed": None}  # [DONE] came; why the stream failed
+
+    def on_event(data: bytes) -> bool:
+        if data == b"[DONE]":
+            got["ended"] = True
+            return False
+        try:
+            event = json.loads(data)
+        except json.JSONDecodeError as e:
+            got["failed"] = f"an event that is not JSON: {e}"
+            return False
+        if event.get("error"):
+            got["failed"] = f"error event mid-stream: {_error_text(data)}"
+            return False
+        if rec.response_id is None and event.get("id") is not None:
+            rec.response_id = str(event["id"])
+        if event.get("choices"):
+            t = clock()
+            if rec.first_token is None:
+                rec.first_token = t
+            rec.token_times.append(t)
+            rec.finish = t
+            rec.finish_reason = event["choices"][0].get("finish_reason") or rec.finish_reason
+        if event.get("usage"):
+            got["usage"] = event["usage"]
+        return True
+
     try:
-        async with client.stream("POST", url, json=body) as r:
-            if r.status_code != 200:
-                rec.fail(f"HTTP {r.status_code}: {_error_text(await r.aread())}")
-                return
-            async for line in r.aiter_lines():
-                if not line.startswith("data:"):
-                    continue  # blank separators, SSE comments (pings)
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    ended = True
-                    break
-                event = json.loads(data)
-                if event.get("error"):
-                    rec.fail(f"error event mid-stream: {_error_text(data.encode())}")
-                    return
-                if rec.response_id is None and event.get("id") is not None:
-                    rec.response_id = str(event["id"])
-                if event.get("choices"):
-                    t = clock()
-                    if rec.first_token is None:
-                        rec.first_token = t
-                    rec.token_times.append(t)
-                    rec.finish = t
-                    rec.finish_reason = event["choices"][0].get("finish_reason") or rec.finish_reason
-                if event.get("usage"):
-                    usage = event["usage"]
-    except httpx.TimeoutException as e:
-        rec.fail(f"timed out ({type(e).__name__}: nothing from the server for {client.timeout.read} s)")
+        reply = await post_events(url, body, on_event, timeout_s)
+    except StreamError as e:
+        rec.fail(str(e))
         return
-    except httpx.HTTPError as e:
-        rec.fail(f"{type(e).__name__}: {e}")
-        return
-    except json.JSONDecodeError as e:
-        rec.fail(f"an event that is not JSON: {e}")
-        return
-    if not ended:
+    usage = got["usage"]
+    if reply.status != 200:
+        rec.fail(f"HTTP {reply.status}: {_error_text(bytes(reply.body))}")
+    elif got["failed"]:
+        rec.fail(got["failed"])
+    elif not got["ended"]:
         rec.fail("the stream ended without [DONE]")
     elif rec.first_token is None:
         rec.fail("no chunk with a choice came (no first token)")

@@ -75,6 +75,9 @@ class Request:
     token_times: array = field(default_factory=lambda: array("d"))
     preempt_times: list = field(default_factory=list)
     finish_time: float | None = None
+    # on a server, before `arrival` (its reaching the scheduler): the frontend received it, a tokenizer had its ids
+    received: float | None = None
+    tokenized: float | None = None
 
     # scheduler bookkeeping (not for policies: they read what they need through SchedulerView)
     row: int = -1  # its page-table row while it holds KV

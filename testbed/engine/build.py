@@ -85,6 +85,8 @@ def build_parts(s: EngineSettings, spec, tp=None) -> EngineParts:
     """This rank's parts, not warmed up; tp: the rank's TPGroup (the ranks agree on the
     smallest KV pool), or None for one rank."""
     device = engine_device(s, tp.rank if tp is not None else 0)
+    if tp is None and device.type == "cpu" and s.cpu_threads:  # TP ranks set theirs when they start
+        torch.set_num_threads(s.cpu_threads)
     model, report = load_shard(s, spec, device, tp)
     slots = kv_slots(s, model, device)
     if tp is not None:

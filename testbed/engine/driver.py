@@ -27,13 +27,18 @@ def wait_until(clock, t: float) -> None:
 class RealtimeDriver(StepLoop):
     def __init__(self, scheduler, executor, requests=(), overlap: bool = True, progress=None, feed=None):
         super().__init__(scheduler, executor, requests, overlap, progress, feed)
-        self._t0 = 0.0
+        #: t=0 of the run's timelines as a time.perf_counter() value (CLOCK_MONOTONIC on Linux:
+        #: shared by the machine's processes, so another process's times can be put on this clock)
+        self.clock_origin = 0.0
 
     def now(self) -> float:
-        return time.perf_counter() - self._t0
+        return time.perf_counter() - self.clock_origin
+
+    def start_clock(self) -> None:
+        self.clock_origin = time.perf_counter()
 
     def run(self) -> None:
-        self._t0 = time.perf_counter()
+        self.start_clock()
         for t in self.loop(self.now):
             self.wait(t)
 

@@ -27,3 +27,4 @@ class EngineSettings:
     max_step_tokens: int  # scheduler.max_step_tokens (>= max_running): the most tokens a step holds
     tp: int = 1
     debug_plan_hash: bool = False
+    cpu_threads: int | None = None  # a CPU rank's torch threads; None: the cores over the ranks

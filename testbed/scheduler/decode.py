@@ -74,12 +74,10 @@ class DecodeManager:
                     if r.first_token is None:
                         r.first_token = now
                     if len(out) >= r.max_new_tokens:
-                        self.running.remove(r)
-                        self.end(r, RequestState.FINISHED, "length", now)
+                        self.finish(r, "length", now)
                         ended.append(r)
                     elif not r.ignore_eos and tok in r.eos_token_ids:
-                        self.running.remove(r)
-                        self.end(r, RequestState.FINISHED, "eos", now)
+                        self.finish(r, "eos", now)
                         ended.append(r)
                     elif n > 1 or c < r.prompt_len:  # this step finished a prefill (even a 1-token chunk)
                         self.kv.share_prefill(r)
@@ -88,6 +86,11 @@ class DecodeManager:
         if self.ending:
             self.ending = [r for r in self.ending if r.row >= 0]
         return ended
+
+    def finish(self, r: Request, reason: str, now: float) -> None:
+        """A running request has its last token ("length") or an EOS: out of the queue, ended."""
+        self.running.remove(r)
+        self.end(r, RequestState.FINISHED, reason, now)
 
     def end(self, r: Request, state: RequestState, reason: str, now: float) -> None:
         """Make r terminal (already out of the queues); its KV goes now, or when the last

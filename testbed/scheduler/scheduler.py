@@ -10,8 +10,9 @@ flight touches it, and a request in flight is never preempted.
 
 The work is split: rows.py (page-table rows), cache_manager.py (prefix match, lock, share,
 release, eviction), prefill.py (waiting queue, admissions, making room), decode.py (ledger
-advance, results, ends), validate.py (the plan check). This class owns the queues and
-counters and calls them in order.
+advance, results, ends), validate.py (the plan check), repeat.py (repeated decode steps
+applied at once, for the simulator's fast path). This class owns the queues and counters and
+calls them in order.
 """
 from __future__ import annotations
 
@@ -124,6 +125,14 @@ class Scheduler:
     def stats_of(self, plan: BatchPlan) -> StepStats:
         """The scheduler's figures for a step, until the step after it completes."""
         return self._stats[plan.step_id]
+
+    def skip_steps(self, k: int, last: StepStats) -> int:
+        """k steps were scheduled and applied at once (repeat.py); `last`: the figures of the
+        k-th, the only one that may still be recorded. Returns its step id."""
+        self.step_id += k
+        last.step_id = self.step_id - 1
+        self._stats = {last.step_id: last}
+        return last.step_id
 
     # ---- after a step -------------------------------------------------------------------
     def complete(self, plan: BatchPlan, result: StepResult, now: float) -> list[Request]:

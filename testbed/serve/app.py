@@ -70,11 +70,13 @@ class ServerState:
         for rid, job in list(self.jobs.items()):
             job.queue.put_nowait(ErrorOut(rid, 503, message))
 
-    async def submit(self, http: Request, make_req) -> "Job":
+    async def submit(self, http: Request, make_req, received: float) -> "Job":
+        """received: when the handler got the request (perf_counter), before its body was read."""
         if self.failed:
             raise P.ApiError(503, self.failed)
         rid = next(self.rids)
         req: GenerateReq = make_req(rid)
+        req.received = received
         job = Job(self, rid, http)
         self.jobs[rid] = job
         await self.to_tokenizers.send_pyobj(req)
@@ -232,9 +234,10 @@ def make_app(state: ServerState) -> FastAPI:
         return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
     async def openai(http: Request, api: Api):
+        received = time.perf_counter()
         b = P.validate(api.body_cls, P.parse_json(await http.body()))
         state.check_model(b.model)
-        job = await state.submit(http, lambda rid: api.make_req(rid, b))
+        job = await state.submit(http, lambda rid: api.make_req(rid, b), received)
         head = {"id": f"{api.id_prefix}-{job.rid}", "created": int(time.time()), "model": state.model_name}
         include_usage = bool(b.stream_options and b.stream_options.include_usage)
         return await respond(job, b.stream, lambda o, first: sse(api.chunk(head, o, first)),
@@ -252,8 +255,9 @@ def make_app(state: ServerState) -> FastAPI:
 
     @app.post("/generate")
     async def generate(http: Request):
+        received = time.perf_counter()
         b = P.validate(P.GenerateBody, P.parse_json(await http.body()))
-        job = await state.submit(http, lambda rid: P.generate_req(rid, b))
+        job = await state.submit(http, lambda rid: P.generate_req(rid, b), received)
         text = []
 
         def meta(o: TextOut) -> dict:

@@ -40,6 +40,18 @@ class Detokenizer:
             outs += self.tokens(o)
         return outs
 
+    def batch(self, outs: list[TokenOut]) -> list[list[TextOut]]:
+        """A step's token batch as the text messages to send, in order: its requests' first
+        tokens ahead of the rest when it has both (at saturation a step holds hundreds of
+        streams: decoding and writing them all before a first token put milliseconds into TTFT)."""
+        first, later = [], []
+        for o in outs:
+            s = self.streams.get(o.rid)
+            (first if s is not None and s.tokens == 0 and o.new_ids else later).append(o)
+        if first and later:
+            return [[t for o in first for t in self.tokens(o)], [t for o in later for t in self.tokens(o)]]
+        return [[t for o in outs for t in self.tokens(o)]]
+
     def tokens(self, o: TokenOut) -> list[TextOut]:
         s = self.streams.get(o.rid)
         if s is None:
@@ -83,9 +95,10 @@ def run(ch: Channels, tokenizer_dir: str, ready) -> None:
         if isinstance(msg, DetokenizeReq):
             outs, stats = d.register(msg), None
         elif isinstance(msg, TokenBatch):
-            outs, stats = [], msg.stats
-            for o in msg.outs:
-                outs += d.tokens(o)
+            *ahead, outs = d.batch(msg.outs)
+            for head in filter(None, ahead):  # first tokens that made no text yet (half a character) wait
+                to_app.send_pyobj(TextBatch(head, None))
+            stats = msg.stats
         else:
             raise TypeError(f"detokenizer inbox: unexpected message {type(msg).__name__}")
         if outs or stats is not None:

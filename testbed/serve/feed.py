@@ -36,6 +36,7 @@ class MessageFeed:
         self.kv_checks = 0
         self._events = 0  # batches sent: something happened since the last idle check
         self._checked_at = -1
+        self.clock_origin = 0.0  # the driver's t=0 as a perf_counter() value (ServingDriver.run sets it)
 
     # ---- the step loop's Feed -----------------------------------------------------------
     def admit(self, sched, now: float) -> None:
@@ -72,9 +73,12 @@ class MessageFeed:
     # ---- messages -----------------------------------------------------------------------
     def _handle(self, msg, sched, now: float, outs: list) -> None:
         if isinstance(msg, TokenizedReq):
+            o = self.clock_origin
             r = Request(rid=msg.rid, prompt_len=len(msg.prompt_ids), max_new_tokens=msg.max_new_tokens,
                         arrival=now, prompt_ids=msg.prompt_ids, ignore_eos=msg.ignore_eos,
-                        eos_token_ids=self.eos, sampling=msg.sampling)
+                        eos_token_ids=self.eos, sampling=msg.sampling,
+                        received=None if msg.received is None else msg.received - o,
+                        tokenized=None if msg.tokenized is None else msg.tokenized - o)
             self.requests.append(r)
             self.received.add(r.rid)
             sched.add_request(r, now)
@@ -153,6 +157,10 @@ class MessageFeed:
 
 class ServingDriver(RealtimeDriver):
     """The wall-clock driver whose idle wait wakes on a message."""
+
+    def start_clock(self) -> None:
+        super().start_clock()
+        self.feed.clock_origin = self.clock_origin  # the stage times the messages carry go on this clock
 
     def wait(self, t: float) -> None:
         self.feed.wait(t - self.now())

@@ -1,5 +1,7 @@
 """What the serving processes send each other (pickled over ZeroMQ). Every message about a
-request carries its id (`rid`), given by the app and kept through every stage."""
+request carries its id (`rid`), given by the app and kept through every stage. Stage times
+are time.perf_counter() values: CLOCK_MONOTONIC on Linux, one clock for every process of the
+machine, so the scheduler puts them on its run's clock by subtracting its own origin."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -19,6 +21,7 @@ class GenerateReq:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    received: float | None = None  # when the app's handler got the request
 
 
 @dataclass
@@ -29,6 +32,8 @@ class TokenizedReq:
     max_new_tokens: int
     sampling: SamplingParams
     ignore_eos: bool
+    received: float | None = None  # GenerateReq's
+    tokenized: float | None = None  # when the tokenizer had its ids and limits
 
 
 @dataclass

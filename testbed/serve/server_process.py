@@ -32,10 +32,11 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, overrides: list[str], out: Path, start_s: float):
+    def __init__(self, overrides: list[str], out: Path, start_s: float, python_args: tuple[str, ...] = ()):
         """overrides: testbed.serve's (its port and run directory are set here); out: its run
         directory (requests.parquet, steps.parquet, summary.json when it stops), its log at
-        OUT.log; start_s: how long model load and warm-up may take before /health answers."""
+        OUT.log; start_s: how long model load and warm-up may take before /health answers;
+        python_args: before `-m testbed.serve` (`-m cProfile -o FILE` profiles the HTTP app's process)."""
         import httpx
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -43,7 +44,7 @@ class ServerProcess:
         self.log_path = self.out.parent / f"{self.out.name}.log"
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "testbed.serve", *overrides, f"serve.port={self.port}", f"hydra.run.dir={self.out}"],
+            [sys.executable, *python_args, "-m", "testbed.serve", *overrides, f"serve.port={self.port}", f"hydra.run.dir={self.out}"],
             cwd=PACKAGE_ROOT, stdout=self._log, stderr=subprocess.STDOUT, env=child_env())
         deadline = time.monotonic() + start_s
         while True:
@@ -63,6 +64,12 @@ class ServerProcess:
 
     def log(self) -> str:
         return self.log_path.read_text()
+
+    def pids(self) -> dict[str, int]:
+        """Each process of the server by name: the app (this child: the launcher runs the HTTP
+        app) and the workers, as their ready lines in the log name them."""
+        import re
+        return {"app": self.proc.pid, **{m[1]: int(m[2]) for m in re.finditer(r"(\S+) \(pid (\d+)\) ready", self.log())}}
 
     def metrics(self) -> dict[str, float]:
         """/metrics as name -> value."""

@@ -4,6 +4,8 @@ chat template and refuses, with an HTTP 400 to the app, what cannot run: an empt
 ids outside the vocabulary, a prompt and max_tokens over the model's context."""
 from __future__ import annotations
 
+import time
+
 import zmq
 
 from testbed.serve.channels import Channels, pull, push
@@ -35,8 +37,8 @@ def prompt_ids(tok, m: GenerateReq, vocab_size: int) -> list[int]:
         ids = [int(i) for i in ids]
     elif m.input_ids is not None:
         ids = list(m.input_ids)
-        bad = next((i for i in ids if not 0 <= i < vocab_size), None)
-        if bad is not None:
+        if ids and (min(ids) < 0 or max(ids) >= vocab_size):  # min/max: C loops, a prompt's ids are thousands
+            bad = next(i for i in ids if not 0 <= i < vocab_size)
             raise BadRequest(f"token id {bad} is outside the vocabulary (0..{vocab_size - 1})", "prompt")
     else:
         ids = tok(m.text)["input_ids"]
@@ -69,8 +71,9 @@ def run(ch: Channels, tokenizer_dir: str, max_context: int, vocab_size: int, rea
         except BadRequest as e:
             to_app.send_pyobj(ErrorOut(m.rid, 400, str(e), e.param))
             continue
+        done = time.perf_counter()
         to_detok.send_pyobj(DetokenizeReq(m.rid, len(ids), m.stop))
-        to_sched.send_pyobj(TokenizedReq(m.rid, ids, n, m.sampling, m.ignore_eos))
+        to_sched.send_pyobj(TokenizedReq(m.rid, ids, n, m.sampling, m.ignore_eos, m.received, done))
 
 
 def main(index: int, ch: Channels, tokenizer_dir: str, max_context: int, vocab_size: int, conn) -> None:

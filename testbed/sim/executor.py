@@ -17,7 +17,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from testbed.core import BatchPlan, StepResult
-from testbed.sim.costmodel.base import StepCost
 
 
 @dataclass(slots=True)
@@ -42,16 +41,22 @@ class SimExecutor:
 
     def launch(self, plan: BatchPlan) -> SimHandle:
         c = self.cost_model.step_cost(plan.extend_lens, plan.cached_lens)
-        t = self.now()
-        if self.wake is not None and self.applied is not None and t - self.applied > self.wake[0]:
-            c = StepCost(c.host * self.wake[1], c.launch * self.wake[2], c.device, c.complete)
-        ready = t + c.host
-        start = max(self.device_free, ready)
-        end = max(start + c.device, ready + c.launch)
-        self.device_free = end
-        self.applied = end + c.complete  # the loop collects at `end`, then applies the result
-        return SimHandle(plan, synthetic_tokens(plan), c.host, ready + c.launch, end, end - start, c.device,
-                         c.complete)
+        host, host_done, end, duration, self.device_free, self.applied = self.place(
+            self.now(), c.host, c.launch, c.device, c.complete, self.device_free, self.applied)
+        return SimHandle(plan, synthetic_tokens(plan), host, host_done, end, duration, c.device, c.complete)
+
+    def place(self, t: float, host: float, launch: float, device: float, complete: float, device_free: float,
+              applied: float | None) -> tuple[float, float, float, float, float, float]:
+        """A step launched at t with these costs after the device's last step ends at
+        device_free and its result is applied at `applied`: (its host time, wake factor
+        included; host_done; end; device duration; the new device_free and applied). Pure: the
+        fast path (testbed/sim/fastpath.py) places its steps with it before committing them."""
+        if self.wake is not None and applied is not None and t - applied > self.wake[0]:
+            host, launch = host * self.wake[1], launch * self.wake[2]
+        ready = t + host
+        start = max(device_free, ready)
+        end = max(start + device, ready + launch)
+        return host, ready + launch, end, end - start, end, end + complete  # the loop collects at end, then applies
 
     def collect(self, h: SimHandle) -> StepResult:
         return StepResult(duration=h.duration, tokens=h.tokens, predicted=h.predicted)
@@ -68,5 +73,11 @@ def synthetic_tokens(plan: BatchPlan) -> np.ndarray:
     distinct per request and position, so finished sequences cached in the radix tree share
     nothing by accident."""
     # one list comprehension: a plan's tens of items cost less so than two fromiter calls
-    return np.array([(r.rid * 1_000_003 + r.device_len) % 1_000_000_000 + 1_000_000_000
-                     for r, s in zip(plan.reqs, plan.samples.tolist()) if s], np.int64)  # < 2**31: int32 like prompt ids
+    return np.array([synthetic_id(r.rid, r.device_len) for r, s in zip(plan.reqs, plan.samples.tolist()) if s],
+                    np.int64)
+
+
+def synthetic_id(rid, device_len):
+    """The id sampled for request rid when its known tokens reach device_len (ints or int64
+    arrays alike): < 2**31, int32 like prompt ids."""
+    return (rid * 1_000_003 + device_len) % 1_000_000_000 + 1_000_000_000

@@ -22,7 +22,7 @@ def request_row(r: Request, keep_output_ids: bool) -> dict:
         "ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e,
         "token_times_s": list(r.token_times),
         "output_ids": list(r.output_ids) if keep_output_ids else None,
-        "error": None, "response_id": None,
+        "error": None, "response_id": None, "received_s": r.received, "tokenized_s": r.tokenized,
     }
 
 

@@ -32,6 +32,10 @@ REQUESTS_SCHEMA = pa.schema([
     ("output_ids", pa.list_(pa.int64())),  # engine: the generated ids; simulator: null
     ("error", pa.string()),  # backend=http: why a FAILED request failed; else null
     ("response_id", pa.string()),  # backend=http: the id the server gave the response; else null
+    # a server's own requests (testbed.serve): when its HTTP frontend received the request and when a
+    # tokenizer worker had its ids, on the run's clock (arrival_s is when it reached the scheduler); else null
+    ("received_s", pa.float64()),
+    ("tokenized_s", pa.float64()),
 ])
 
 STEPS_SCHEMA = pa.schema([

@@ -31,6 +31,16 @@ class StepLog:
         for c, append in self._appends:
             append(row[c])
 
+    def extend(self, **cols) -> None:
+        """Many rows at once: each column a numpy array or a sequence of Python numbers, all of
+        one length."""
+        for c, col in self.cols.items():
+            v = cols[c]
+            if isinstance(v, np.ndarray) and not isinstance(col, list):
+                col.frombytes(v.astype(_NUMPY[col.typecode], copy=False).tobytes())
+            else:
+                col.extend(v)
+
     def set_last(self, column: str, value) -> None:
         self.cols[column][-1] = value
 

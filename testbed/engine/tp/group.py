@@ -33,7 +33,8 @@ def agree_kv_slots(slots: int, tp: TPGroup) -> int:
     return min(got)
 
 
-def share_cpu(world: int) -> None:
-    """CPU ranks split the cores: oversubscribed intra-op threads stall every collective."""
+def share_cpu(world: int, threads: int | None = None) -> None:
+    """A CPU rank's torch threads: `threads` (engine.cpu_threads), or the cores split over the
+    ranks (oversubscribed intra-op threads stall every collective)."""
     import torch
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // world))

@@ -111,7 +111,7 @@ def start_ranks(settings, spec) -> TPRanks:
         torch.cuda.set_device(device)
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     else:
-        share_cpu(world)
+        share_cpu(world, settings.cpu_threads)
     port = _free_port()
     ctx = mp.get_context("spawn")
     procs = {r: ctx.Process(target=worker_main, args=(r, world, port, settings, spec), daemon=True,

@@ -22,7 +22,7 @@ def worker_main(rank: int, world: int, port: int, settings, spec) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     else:
-        share_cpu(world)
+        share_cpu(world, settings.cpu_threads)
     tp = init_group(rank, world, port, device.type == "cuda")
     parts = build_parts(settings, spec, tp)
     ex = EngineExecutor(parts.model, parts.device, settings.max_running, graphs=parts.graphs, pieces=parts.pieces)

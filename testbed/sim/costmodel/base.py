@@ -32,6 +32,7 @@ __all__ = [
     "COST_MODELS",
     "make_cost_model",
     "as_batch",
+    "decode_costs",
 ]
 
 
@@ -120,3 +121,20 @@ def make_cost_model(
     if entry.config is not None:
         cfg = read_config(entry.config, to_plain(cfg), "costmodel")
     return entry.obj(model_spec, hw, cfg)
+
+
+def decode_costs(cm, cached: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """host, launch, device and complete seconds (an array each, a value per step) of k decode
+    steps of one batch whose contexts start at `cached` and grow by one token a step (step j:
+    cached + j): what step_cost gives each, float for float. From the model's own vectorised
+    `decode_costs` where it has one, else step_cost step by step (the simulator's fast path,
+    testbed/sim/fastpath.py)."""
+    own = getattr(cm, "decode_costs", None)
+    return own(cached, k) if own is not None else costs_step_by_step(cm, cached, k)
+
+
+def costs_step_by_step(cm, cached: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """decode_costs from cm.step_cost, one step at a time."""
+    ones = np.ones(len(cached), np.int64)
+    costs = [cm.step_cost(ones, cached + j) for j in range(k)]
+    return tuple(np.array([getattr(c, f) for c in costs], float) for f in ("host", "launch", "device", "complete"))

@@ -43,7 +43,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from testbed.modelspec import ModelSpec
-from testbed.sim.costmodel.base import COST_MODELS, StepCost, as_batch
+from testbed.sim.costmodel.base import COST_MODELS, StepCost, as_batch, costs_step_by_step
 from testbed.sim.costmodel.decode_plan import DecodePlan
 from testbed.sim.costmodel.fit import (EAGER_EXTRA, MODEL_FIELDS, PROFILE_FORMAT, Fa2Shape, base_curve, eager_extras,
                                        graph_imbalance, graph_lengths, padded_tokens, predict_host_parts)
@@ -278,6 +278,25 @@ class CalibratedCostModel:
         launch = h["launch_graph"] if graph else h["launch_eager"]
         return StepCost(_dot(h[f"host_{kind}"], f), _dot(launch, f), self._device_time(n, c, b, tok, f["kv_tokens"], graph),
                         _dot(h[f"complete_{kind}"], f))
+
+    def decode_costs(self, cached: np.ndarray, k: int) -> tuple[np.ndarray, ...]:
+        """step_cost of k decode steps over contexts cached + j (j < k), as arrays. A batch in a
+        decode graph whose third feature is 0 or the imbalance is computed over the steps at
+        once (the same float operations in the same order); the split-KV plan's load, and eager
+        steps, step by step through step_cost."""
+        b = len(cached)
+        i = int(np.searchsorted(self.sizes, b)) if self._graph(b, b) else -1
+        if i < 0 or (self._g_third[i] and self._plan):
+            return costs_step_by_step(self, cached, k)
+        j = np.arange(k, dtype=np.int64)
+        kv = int(cached.sum()) + b * j + b
+        s = int(self.sizes[i])
+        x3 = (s * (int(cached.max()) + 1 + j) - kv).astype(float) if self._g_third[i] else 0.0  # graph_imbalance
+        device = self._g_const[i] + self._g_slope[i] * kv + self._g_third[i] * x3
+        f = {"reqs": b, "tokens": b, "kv_tokens": kv}  # as step_cost's, kv_tokens an array
+        host, launch, complete = (np.broadcast_to(np.asarray(_dot(self.host[part], f), float), (k,))
+                                  for part in ("host_decode", "launch_graph", "complete_decode"))
+        return host, launch, np.asarray(device, float), complete
 
     def step_time(self, extend_lens: np.ndarray, cached_lens: np.ndarray) -> float:
         """Device seconds for one step."""

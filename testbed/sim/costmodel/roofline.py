@@ -194,6 +194,23 @@ class RooflineCostModel:
         gather = self._lg_fix + self._lg_row * b
         return (linear, attention, lm_head, allreduce, gather, self._step, self._per_req * b)
 
+    def decode_costs(self, cached: np.ndarray, k: int) -> tuple[np.ndarray, ...]:
+        """step_cost of k decode steps over contexts cached + j (j < k), as arrays: _terms' sums
+        in closed form over the steps, the same float operations in the same order."""
+        b = len(cached)
+        tokens = float(b)
+        ctx = (int(cached.sum()) + b * np.arange(k, dtype=np.int64)).astype(float)  # n @ c of each step
+        pairs = ctx + 0.5 * float(2 * b)  # n @ (n + 1) of a decode is 2b
+        kv_read = ctx + tokens
+        linear = max(self._lin_flop_tok * tokens, self._lin_byte_fix + self._lin_byte_tok * tokens)
+        attention = np.maximum(self._att_flop_pair * pairs, self._att_byte_kv * kv_read + self._att_byte_new * tokens)
+        lm_head = max(self._lm_flop_row * b, self._lm_byte_fix + self._lm_byte_row * b)
+        allreduce = self._ar_fix + self._ar_tok * tokens
+        gather = self._lg_fix + self._lg_row * b
+        device = 0 + linear + attention + lm_head + allreduce + gather + self._step + self._per_req * b  # sum()'s order
+        zero = np.zeros(k)
+        return zero, zero, device, zero
+
     def step_time(self, extend_lens: np.ndarray, cached_lens: np.ndarray) -> float:
         """Seconds for one step; raises ValueError on an empty or malformed batch."""
         return sum(self._terms(extend_lens, cached_lens))
