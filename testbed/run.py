@@ -198,8 +198,7 @@ def _drive(cfg: Config, driver, trace, n: int) -> _Ran:
 def _write(cfg: Config, out_dir: str, ran: _Ran, reqs, steps, extra: dict, keep_ids, row, print_table: bool,
            rows=None) -> dict:
     """The run's files (a signal meanwhile waits for them) and its table; row, rows: write_run's."""
-    from testbed.timeline import write_run
-    from testbed.timeline.writer import WriteError
+    from testbed.timeline.writer import WriteError, write_run
     extra = {"complete": ran.complete, "error": ran.error, **extra}  # after the end-of-run check
     unwritten = None
     with _signals_wait_for_the_write():
@@ -268,8 +267,8 @@ def print_summary(summary: dict, out_dir: str) -> None:
             pass
 
 
-@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
-def main(dcfg) -> None:
+def task(dcfg) -> None:
+    """One run of a composed config in its Hydra job (`main`, or testbed.hydra_once)."""
     from hydra.core.hydra_config import HydraConfig
     out_dir = HydraConfig.get().runtime.output_dir
     try:
@@ -285,6 +284,9 @@ def main(dcfg) -> None:
     except Terminated:
         print(f"terminated (SIGTERM): {_what_was_kept(out_dir)}", file=sys.stderr)
         sys.exit(143)
+
+
+main = hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")(task)
 
 
 def quiet_in_multirun(cfg: Config) -> Config:
@@ -348,15 +350,28 @@ def precheck(argv: list[str]) -> str | None:
     return None
 
 
+def run_composed_once(argv: list[str]) -> bool:
+    """A command line of overrides only, run on one composition of its config (testbed.hydra_once);
+    False when not run: a multirun's config, or overrides that do not compose (the precheck and
+    Hydra's main report those as before)."""
+    from testbed import hydra_once
+    try:
+        return hydra_once.run(task, CONF_DIR, "config", argv)
+    except hydra_once.NotComposed:
+        return False
+
+
 if __name__ == "__main__":
     if {"--help", "-h"} & set(sys.argv[1:]):  # every knob with a line of help (Hydra's lists none)
         from testbed.config_help import render
         print(render())
         sys.exit(0)
     from testbed.config import note_swept_keys
-    note_swept_keys(sys.argv[1:])
-    bad = precheck(sys.argv[1:])
-    if bad:
-        print(f"error: {bad}", file=sys.stderr)
-        sys.exit(2)
-    main()
+    argv = sys.argv[1:]
+    note_swept_keys(argv)
+    if any(a.startswith("-") for a in argv) or not run_composed_once(argv):
+        bad = precheck(argv)
+        if bad:
+            print(f"error: {bad}", file=sys.stderr)
+            sys.exit(2)
+        main()

@@ -101,6 +101,28 @@ def test_integrity_check_counts_and_catches_double_booking():
         check_kv_integrity(a, cache, [own], [])
 
 
+@settings(max_examples=200, deadline=None)
+@given(total=st.integers(0, 30), data=st.data())
+def test_each_page_once_is_what_the_sort_finds(total, data):
+    """The integrity check's mark per page (kv/integrity.py) against sorting the ids: a pool's
+    pages held each once, or some twice, negative or past the pool."""
+    from testbed.kv.integrity import _each_once
+    pages = np.array(data.draw(st.one_of(st.permutations(range(total)),
+                                         st.lists(st.integers(-2, total + 2), min_size=total, max_size=total))),
+                     np.int64)
+    uniq = np.unique(pages)
+    assert _each_once(pages, total) == (len(uniq) == total and (not total or (uniq[0] >= 0 and uniq[-1] < total)))
+
+
+def test_integrity_check_names_a_page_past_the_pool():
+    a = PageAllocator(4)
+    own = a.alloc(2)
+    with pytest.raises(IntegrityError, match="out of range"):
+        check_kv_integrity(a, NoPrefixCache(1), [np.array([own[0], 4])], [])
+    with pytest.raises(IntegrityError, match=r"two places: \[%d\]" % own[0]):
+        check_kv_integrity(a, NoPrefixCache(1), [np.array([own[0], own[0]])], [])
+
+
 @settings(max_examples=60, deadline=None)
 @given(num_pages=st.integers(1, 40), page_size=st.sampled_from([1, 2, 4, 16]),
        ops=st.lists(st.tuples(st.booleans(), st.integers(0, 45), st.randoms(use_true_random=False)), max_size=60))

@@ -105,3 +105,29 @@ def test_token_gaps_from_a_flat_list_column_are_the_per_request_diffs():
     got = token_gaps(pa.array(times, pa.list_(pa.float64())))
     assert got.tolist() == want.tolist()
     assert token_gaps(pa.array([[1.0]], pa.list_(pa.float64()))).tolist() == []
+
+
+@settings(max_examples=100, deadline=None)
+@given(runs(), slos, slos, st.booleans(), st.randoms(use_true_random=False))
+def test_the_writers_numpy_columns_summarize_as_the_dataframe(req, ttft, tpot, client, rng):
+    """The writer hands summarize numpy columns (testbed.timeline.arrow_build: no pandas in a
+    run), analysis DataFrames: the same metrics to the bit, rows added in any order; a
+    client's run has no preemptions or prefix hits (nulls)."""
+    from testbed.timeline.request_rows import RequestRows
+    from testbed.timeline.metrics import REQUEST_COLUMNS, STEP_COLUMNS
+    from testbed.timeline.schema import REQUESTS_SCHEMA
+    if client:
+        req = req.assign(preemptions=None, prefix_cached_tokens=None)
+    records = req.astype(object).where(req.notna(), None).to_dict("records")
+    rows = RequestRows(False, lambda d, keep: {f.name: d.get(f.name) for f in REQUESTS_SCHEMA})
+    for d in rng.sample(records, len(records)):
+        rows.add(d)
+    cols = rows.columns()
+    steps = pd.DataFrame({"pages_used": [3, 0, 9], "pages_cached": [1, 1, 0], "pages_free": [6, 9, 1],
+                          "batch_reqs": [2, 0, 7], "evicted_pages": [0, 4, 1]})
+    want = summarize(req, steps, ttft, tpot)
+    assert (want["preemptions"] is None) == client
+    got = summarize({c: cols[c].numpy() for c in REQUEST_COLUMNS if c != "token_times_s"},
+                    {c: steps[c].to_numpy() for c in STEP_COLUMNS}, ttft, tpot,
+                    token_times=(cols["token_times_s"].values, cols["token_times_s"].offsets))
+    assert got == want

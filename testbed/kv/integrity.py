@@ -21,14 +21,28 @@ def check_kv_integrity(allocator, cache, owned: list[np.ndarray], shared: list[n
         raise IntegrityError(f"KV pages do not add up: free {counts['free']} + cached {counts['cached']} "
                              f"+ in use {counts['in_use']} != total {allocator.num_pages}")
     every = np.concatenate([free, tree, own])
-    uniq, n = np.unique(every, return_counts=True)
-    if len(uniq) != len(every):
-        raise IntegrityError(f"KV pages in two places: {uniq[n > 1][:10].tolist()}")
-    if len(every) and (uniq[0] < 0 or uniq[-1] >= allocator.num_pages):
-        raise IntegrityError("KV page id out of range")
+    if not _each_once(every, allocator.num_pages):  # the sort names what is wrong
+        uniq, n = np.unique(every, return_counts=True)
+        if len(uniq) != len(every):
+            raise IntegrityError(f"KV pages in two places: {uniq[n > 1][:10].tolist()}")
+        if len(every) and (uniq[0] < 0 or uniq[-1] >= allocator.num_pages):
+            raise IntegrityError("KV page id out of range")
     if shared:
         need = np.concatenate(shared)
         lost = np.setdiff1d(need, tree)
         if len(lost):
             raise IntegrityError(f"running requests lost shared prefix pages: {lost[:10].tolist()}")
     return counts
+
+
+def _each_once(pages: np.ndarray, total: int) -> bool:
+    """Whether `pages` (as many as the pool's `total`) holds each id 0..total-1 once: then every
+    id is in range and none is left unmarked. A mark per page, not a sort of them all (the end
+    of a run checks a pool of ~1M pages: 3 ms, not 40)."""
+    if not len(pages):
+        return True
+    if pages.min() < 0 or pages.max() >= total:
+        return False
+    seen = np.zeros(total, bool)
+    seen[pages] = True
+    return bool(seen.all())

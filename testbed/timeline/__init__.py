@@ -1,6 +1,6 @@
-"""Per-request and per-step timelines, one schema for simulator and engine."""
-from testbed.timeline.metrics import summarize
-from testbed.timeline.schema import REQUESTS_SCHEMA, STEPS_SCHEMA
-from testbed.timeline.writer import StepLog, requests_table, write_run
+"""Per-request and per-step timelines, one schema for simulator and engine. The package holds
+the step rows a run records (StepLog); the writer (testbed.timeline.writer: pyarrow.parquet)
+is imported where a run ends, not before its first step."""
+from testbed.timeline.steplog import StepLog
 
-__all__ = ["summarize", "REQUESTS_SCHEMA", "STEPS_SCHEMA", "StepLog", "requests_table", "write_run"]
+__all__ = ["StepLog"]

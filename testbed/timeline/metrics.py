@@ -5,16 +5,24 @@ The names are `vllm bench serve`'s (`completed`, `failed`, `request_throughput`,
 and the same for `tpot`, `itl`, `e2el`), plus p90s, queueing delay and testbed's own counts.
 `..._e2e_latency_ms` and `goodput` are the names summary.json used before it followed vLLM;
 they stay beside `..._e2el_ms` and `request_goodput` (same values) for the readers of runs
-written before (the committed fidelity runs among them)."""
+written before (the committed fidelity runs among them).
+
+summarize reads pandas DataFrames (analysis, the export) or numpy columns as pandas holds
+them (the writer's: a simulator run writes its files without importing pandas)."""
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 STATES_DONE = ("FINISHED", "REJECTED", "ABORTED", "FAILED")
 PERCENTILES = (90, 99)  # besides the median
-# the columns summarize reads: a writer hands it only these (the others would be copied into
-# pandas for nothing: the chunk lists, a long run's 20 other step columns)
+# the columns summarize reads: a writer hands it only these (not the chunk lists, nor a long
+# run's 20 other step columns)
 REQUEST_COLUMNS = ("state", "arrival_s", "finish_s", "prompt_tokens", "output_tokens", "prefix_cached_tokens",
                    "preemptions", "ttft_s", "tpot_s", "e2e_s", "queue_s", "token_times_s")
 STEP_COLUMNS = ("pages_used", "pages_cached", "pages_free", "batch_reqs", "evicted_pages")
@@ -41,6 +49,11 @@ def token_gaps(token_times) -> np.ndarray:
     import pyarrow.compute as pc
     lens = pc.list_value_length(token_times).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
     flat = pc.list_flatten(token_times).to_numpy(zero_copy_only=False).astype(float, copy=False)
+    return gaps_within(flat, lens)
+
+
+def gaps_within(flat: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """token_gaps of the token times flat, lens: each request's count."""
     if len(flat) < 2:
         return np.zeros(0)
     inside = np.ones(len(flat) - 1, bool)  # gap i is flat[i + 1] - flat[i]: inside a request unless i + 1 starts one
@@ -71,10 +84,10 @@ def latency_stats(metric: str, v: np.ndarray, percentiles=PERCENTILES) -> dict:
 def slo_met(done: pd.DataFrame, ttft_ms=None, tpot_ms=None, e2e_ms=None) -> np.ndarray:
     """Per finished request: whether it meets every SLO given (vLLM's goodput rule: a latency
     at most its SLO; a one-token output has no TPOT and meets any TPOT SLO)."""
-    ok = np.ones(len(done), bool)
+    ok = np.ones(len(done["e2e_s"]), bool)  # done: a DataFrame or summarize's numpy columns
     for limit, col in ((ttft_ms, "ttft_s"), (tpot_ms, "tpot_s"), (e2e_ms, "e2e_s")):
         if limit is not None:
-            ok &= ~(done[col].to_numpy(dtype=float) * 1000 > limit)  # NaN (no TPOT) compares False
+            ok &= ~(np.asarray(done[col], dtype=float) * 1000 > limit)  # NaN (no TPOT) compares False
     return ok
 
 
@@ -86,57 +99,75 @@ def offered_rate(requests: pd.DataFrame) -> float:
     return (len(a) - 1) / float(a.max() - a.min())
 
 
+def columns(table, names) -> dict[str, np.ndarray]:
+    """The columns `names` that `table` has (a DataFrame, or a mapping of numpy columns as
+    pandas holds them), as numpy arrays."""
+    if isinstance(table, Mapping):
+        return {n: np.asarray(table[n]) for n in names if n in table}
+    return {n: table[n].to_numpy() for n in names if n in table.columns}
+
+
 def summarize(requests: pd.DataFrame, steps: pd.DataFrame | None = None, slo_ttft_ms: float | None = None,
               slo_tpot_ms: float | None = None, slo_e2e_ms: float | None = None, token_times=None) -> dict:
-    """Metrics over one run's requests.parquet (and steps.parquet for KV/batch figures).
-    Throughputs are over the run's duration: first arrival to last finish. token_times: the
-    requests' token_times_s as a pyarrow list array (their rows' order), when `requests` leaves
-    that column out (a writer keeps a long run's token times flat)."""
-    finished = requests["state"] == "FINISHED"
-    done = requests[finished]
-    gaps = None if token_times is None else token_gaps(token_times.filter(finished.to_numpy(bool)))
-    ended = requests["state"].isin(STATES_DONE)
+    """Metrics over one run's requests.parquet (and steps.parquet for KV/batch figures), each a
+    DataFrame or numpy columns (columns()). Throughputs are over the run's duration: first
+    arrival to last finish. token_times: the requests' token times as (flat values, offsets:
+    request i's are values[offsets[i]:offsets[i + 1]]) in their rows' order, when `requests`
+    leaves that column out (the writer keeps a run's token times flat). Sums, minima, maxima
+    and means skip NaN, as pandas' do."""
+    req = columns(requests, REQUEST_COLUMNS)
+    state = req["state"]
+    n = len(state)
+    finished = state == "FINISHED"
+    done = {k: v[finished] for k, v in req.items()}
+    completed = int(finished.sum())
+    gaps = None
+    if token_times is not None:
+        flat, offsets = token_times
+        lens = np.diff(offsets)
+        gaps = gaps_within(flat[np.repeat(finished, lens)], lens[finished])
     out = {
-        "num_requests": int(len(requests)),
-        "completed": int(len(done)),
-        "failed": int(len(requests) - len(done)),  # arrived and did not finish: rejected, aborted, errors, unfinished
-        "rejected": int((requests["state"] == "REJECTED").sum()),
-        "aborted": int((requests["state"] == "ABORTED").sum()),
-        "errors": int((requests["state"] == "FAILED").sum()),  # backend=http: HTTP / connection errors, timeouts
-        "unfinished": int((~ended).sum()),
+        "num_requests": n,
+        "completed": completed,
+        "failed": n - completed,  # arrived and did not finish: rejected, aborted, errors, unfinished
+        "rejected": int((state == "REJECTED").sum()),
+        "aborted": int((state == "ABORTED").sum()),
+        "errors": int((state == "FAILED").sum()),  # backend=http: HTTP / connection errors, timeouts
+        "unfinished": int((~np.isin(state, STATES_DONE)).sum()),
     }
-    end = float(done["finish_s"].max()) if len(done) else 0.0
-    start = float(requests["arrival_s"].min()) if len(requests) else 0.0
+    end = float(np.nanmax(done["finish_s"])) if completed else 0.0
+    start = float(np.nanmin(req["arrival_s"])) if n else 0.0
     duration = max(end - start, 1e-12)
-    prompt = int(done["prompt_tokens"].sum())
-    output = int(done["output_tokens"].sum())
+    prompt = int(np.nansum(done["prompt_tokens"]))
+    output = int(np.nansum(done["output_tokens"]))
     out.update({
         "duration_s": end - start,
         "total_input_tokens": prompt,
         "total_output_tokens": output,
-        "request_throughput": len(done) / duration if len(done) else 0.0,
-        "output_throughput": output / duration if len(done) else 0.0,
-        "total_token_throughput": (prompt + output) / duration if len(done) else 0.0,
+        "request_throughput": completed / duration if completed else 0.0,
+        "output_throughput": output / duration if completed else 0.0,
+        "total_token_throughput": (prompt + output) / duration if completed else 0.0,
     })
     samples = latency_samples(done, gaps)
     for metric in ("ttft", "tpot", "itl", "e2el", "queue"):
         out.update(latency_stats(metric, samples[metric]))
     out.update({k.replace("_e2el_", "_e2e_latency_"): v for k, v in out.items() if "_e2el_" in k and "std" not in k})
-    if len(requests) and requests["preemptions"].isna().all():  # a client's run (backend=http): not known
+    if n and np.isnan(np.asarray(req["preemptions"], dtype=float)).all():  # a client's run (backend=http): not known
         out["prefix_cache_hit_rate"] = out["preemptions"] = None
     else:
-        hits = int(done["prefix_cached_tokens"].sum())
+        hits = int(np.nansum(done["prefix_cached_tokens"]))
         out["prefix_cache_hit_rate"] = hits / prompt if prompt else 0.0
-        out["preemptions"] = int(requests["preemptions"].sum())
+        out["preemptions"] = int(np.nansum(req["preemptions"]))
     out["request_goodput"] = None  # vLLM writes null when no SLO is given
     if any(s is not None for s in (slo_ttft_ms, slo_tpot_ms, slo_e2e_ms)):
         good = int(slo_met(done, slo_ttft_ms, slo_tpot_ms, slo_e2e_ms).sum())
-        out["request_goodput"] = out["goodput"] = float(good / duration) if len(done) else 0.0
-        out["slo_attainment"] = float(good / len(requests)) if len(requests) else 0.0
-    if steps is not None and len(steps):
-        total = steps["pages_used"] + steps["pages_cached"] + steps["pages_free"]
-        out["num_steps"] = int(len(steps))
-        out["mean_batch_reqs"] = float(steps["batch_reqs"].mean())
-        out["mean_kv_utilization"] = float((steps["pages_used"] / total).mean())
-        out["evicted_pages"] = int(steps["evicted_pages"].sum())
+        out["request_goodput"] = out["goodput"] = float(good / duration) if completed else 0.0
+        out["slo_attainment"] = float(good / n) if n else 0.0
+    st = columns(steps, STEP_COLUMNS) if steps is not None else {}
+    if st and len(st["pages_used"]):
+        total = st["pages_used"] + st["pages_cached"] + st["pages_free"]
+        out["num_steps"] = len(st["pages_used"])
+        out["mean_batch_reqs"] = float(np.nanmean(st["batch_reqs"]))
+        out["mean_kv_utilization"] = float(np.nanmean(st["pages_used"] / total))
+        out["evicted_pages"] = int(np.nansum(st["evicted_pages"]))
     return out

@@ -2,73 +2,37 @@
 summary.json (each written to a temporary name, then renamed: a file is whole or absent)."""
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import platform
 import subprocess
 import sys
-from array import array
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from testbed.timeline import metrics as metric_columns
+from testbed.timeline.arrow_build import Column, table
 from testbed.timeline.metrics import summarize
 from testbed.timeline.records import request_row
 from testbed.timeline.request_rows import RequestRows
 from testbed.timeline.schema import REQUESTS_SCHEMA, STEPS_SCHEMA
-
-STEP_COLUMNS = [f.name for f in STEPS_SCHEMA]
-# a step row's numbers in typed arrays (8 bytes a value, not a Python object and a pointer:
-# a long run has millions); predicted_s stays a list: the engine fills it after the run (None until then)
-_TYPECODES = {pa.int64(): "q", pa.float64(): "d"}
-_NUMPY = {"q": np.int64, "d": np.float64}
-NULLABLE_STEP_COLUMNS = {"predicted_s"}
-
-
-class StepLog:
-    """Columnar, append-only: one column per field, so a step costs one append each."""
-
-    def __init__(self):
-        self.cols = {f.name: [] if f.name in NULLABLE_STEP_COLUMNS else array(_TYPECODES[f.type])
-                     for f in STEPS_SCHEMA}
-        self._appends = [(c, self.cols[c].append) for c in STEP_COLUMNS]  # bound once, not per step
-        self.output_tokens = 0  # sampled so far, for progress reports
-
-    def append(self, **row) -> None:
-        for c, append in self._appends:
-            append(row[c])
-
-    def extend(self, **cols) -> None:
-        """Many rows at once: each column a numpy array or a sequence of Python numbers, all of
-        one length."""
-        for c, col in self.cols.items():
-            v = cols[c]
-            if isinstance(v, np.ndarray) and not isinstance(col, list):
-                col.frombytes(v.astype(_NUMPY[col.typecode], copy=False).tobytes())
-            else:
-                col.extend(v)
-
-    def set_last(self, column: str, value) -> None:
-        self.cols[column][-1] = value
-
-    def __len__(self) -> int:
-        return len(self.cols["step"])
-
-    def table(self) -> pa.Table:
-        cols = {c: v if isinstance(v, list) else np.frombuffer(v, _NUMPY[v.typecode]) for c, v in self.cols.items()}
-        return pa.table(cols, schema=STEPS_SCHEMA)
+from testbed.timeline.steplog import StepLog
 
 
 def requests_table(reqs, keep_output_ids: bool, row=request_row, rows: RequestRows | None = None) -> pa.Table:
     """row: a request's row (request_row for the scheduler's ledger, testbed.client's client_row);
     rows: rows gathered already (a replay's streamed ones), the requests `reqs` added to them."""
+    return table(_request_columns(reqs, keep_output_ids, row, rows), REQUESTS_SCHEMA)
+
+
+def _request_columns(reqs, keep_output_ids: bool, row, rows: RequestRows | None) -> dict[str, Column]:
     rows = rows if rows is not None else RequestRows(keep_output_ids, row)
     for r in reqs:
         rows.add(r)
-    return rows.table()
+    return rows.columns()
 
 
 def git_revision() -> str | None:
@@ -84,11 +48,15 @@ def git_revision() -> str | None:
 
 
 def versions() -> dict:
+    """The versions of the libraries the run loaded, and pandas' always (the files are read
+    with it; a simulator run writes them without loading it)."""
     out = {"python": platform.python_version()}
     for mod in ("numpy", "pandas", "pyarrow", "simpy", "hydra", "torch", "transformers", "flashinfer"):
         m = sys.modules.get(mod)
         if m is not None:
             out[mod] = getattr(m, "__version__", "?")
+        elif mod == "pandas":
+            out[mod] = importlib.metadata.version("pandas")
     return out
 
 
@@ -105,8 +73,9 @@ def write_run(out_dir: str | os.PathLike, reqs, steps: StepLog, config: dict, ex
     slo: the run's SLOConfig (goodput and SLO attainment), or None. row, rows: as requests_table's."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    rt = requests_table(reqs, keep_output_ids, row, rows)
-    st = steps.table()
+    req = _request_columns(reqs, keep_output_ids, row, rows)
+    step = steps.columns()
+    rt, st = table(req, REQUESTS_SCHEMA), table(step, STEPS_SCHEMA)
     failed: dict[str, str] = {}  # file -> why it could not be written
 
     def attempt(name, write):
@@ -123,9 +92,10 @@ def write_run(out_dir: str | os.PathLike, reqs, steps: StepLog, config: dict, ex
     attempt("requests.parquet", lambda t: pq.write_table(rt, t, compression="zstd"))
     attempt("steps.parquet", lambda t: pq.write_table(st, t, compression="zstd"))
     slos = (slo.ttft_ms, slo.tpot_ms, slo.e2e_ms) if slo is not None else ()
-    scalars = [c for c in metric_columns.REQUEST_COLUMNS if c != "token_times_s"]  # the times stay flat
-    metrics = summarize(rt.select(scalars).to_pandas(), st.select(list(metric_columns.STEP_COLUMNS)).to_pandas(),
-                        *slos, token_times=rt.column("token_times_s").combine_chunks())
+    times = req["token_times_s"]  # the token times stay flat: values and offsets
+    metrics = summarize({c: req[c].numpy() for c in metric_columns.REQUEST_COLUMNS if c != "token_times_s"},
+                        {c: step[c].numpy() for c in metric_columns.STEP_COLUMNS}, *slos,
+                        token_times=(times.values, times.offsets))
     summary = {"metrics": metrics, **extra, "config": config, "versions": versions(), "git_revision": git_revision()}
     if failed:  # the summary says which of its files are missing
         summary["unwritten_files"] = list(failed)

@@ -4,14 +4,14 @@ arrival times, prompt token ids and output lengths.
     from testbed.traces import load_trace
     trace = load_trace(cfg)   # cfg: any object with TraceConfig's fields (or a mapping)
 
-Light: numpy and pandas only. Every problem raises TraceError (a ValueError) with a
+Light: numpy, and pandas for the file formats that need it (a loader's module is imported
+when its trace is loaded: base.TRACES). Every problem raises TraceError (a ValueError) with a
 one-line message naming the file, row and column.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from . import azure, csv_length, mooncake, synthetic, user_file  # noqa: F401  (each registers its traces)
 from .base import TRACE_DIR, TRACES, Trace, TraceError, TraceRequest
 from .config import OVER_CONTEXT_RULES, TraceConfig, resolve_config
 

@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 
 from .assemble import Rows, assemble
-from .base import TRACES, Trace
-from .columns import find_file, int_column, read_csv, require
+from .base import TRACES, Trace, find_file
+from .columns import int_column, read_csv, require
 from .config import TraceConfig
 from .token_ids import unique_ids
 

@@ -1,5 +1,5 @@
 """Record types every trace loader returns, the one error type, the trace names (each loader
-registers its own) and row labels for errors."""
+registers its own), row labels for errors and where a trace file is (find_file)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -17,8 +17,16 @@ class TraceError(ValueError):
     """Any problem with a trace file or the trace config; the message is one line."""
 
 
-# trace.name -> load(TraceConfig) -> Trace; every loader module registers its names
-TRACES = Registry("trace.name", error=TraceError)
+# trace.name -> load(TraceConfig) -> Trace. Each name's module registers it and is imported
+# when a run looks the name up: the file formats' loaders import pandas, which a run of a
+# synthetic or a length-only CSV trace does not need before its first step.
+TRACES = Registry("trace.name", error=TraceError, modules={
+    **dict.fromkeys(("sharegpt", "arxiv", "bwb"), "testbed.traces.csv_length"),
+    **dict.fromkeys(("azure_conv", "azure_code"), "testbed.traces.azure"),
+    **dict.fromkeys(("mooncake_conversation", "mooncake_synthetic"), "testbed.traces.mooncake"),
+    "synthetic": "testbed.traces.synthetic",
+    "file": "testbed.traces.user_file",
+})
 
 
 @dataclass(slots=True)
@@ -92,3 +100,21 @@ class Source:
         if column is not None:
             parts.append(f"column '{column}'")
         return TraceError(": ".join([", ".join(parts), what]))
+
+
+def find_file(path: str | None, default_name: str | None, what: str) -> Path:
+    """The trace file: `path` if given, else the bundled `default_name` in <repo>/traces."""
+    if path is None:
+        if default_name is None:
+            raise TraceError(f"trace config: {what} needs path= (a CSV, JSONL or Parquet file)")
+        p = TRACE_DIR / default_name
+    else:
+        p = Path(path).expanduser()
+    if p.is_file():
+        return p
+    folder = p.parent
+    if folder.is_dir():
+        names = sorted(x.name for x in folder.iterdir() if x.is_file())
+        listing = ", ".join(names) if names else "no files"
+        raise TraceError(f"trace file not found: {p} (files in {folder}: {listing})")
+    raise TraceError(f"trace file not found: {p} (folder {folder} does not exist either)")

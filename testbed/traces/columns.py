@@ -12,25 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .base import TRACE_DIR, Source, TraceError
-
-
-def find_file(path: str | None, default_name: str | None, what: str) -> Path:
-    """The trace file: `path` if given, else the bundled `default_name` in <repo>/traces."""
-    if path is None:
-        if default_name is None:
-            raise TraceError(f"trace config: {what} needs path= (a CSV, JSONL or Parquet file)")
-        p = TRACE_DIR / default_name
-    else:
-        p = Path(path).expanduser()
-    if p.is_file():
-        return p
-    folder = p.parent
-    if folder.is_dir():
-        names = sorted(x.name for x in folder.iterdir() if x.is_file())
-        listing = ", ".join(names) if names else "no files"
-        raise TraceError(f"trace file not found: {p} (files in {folder}: {listing})")
-    raise TraceError(f"trace file not found: {p} (folder {folder} does not exist either)")
+from .base import Source, TraceError
 
 
 def read_csv(p: Path) -> tuple[pd.DataFrame, Source]:

@@ -4,8 +4,8 @@ block_size tokens; equal ids at equal positions are shared KV)."""
 from __future__ import annotations
 
 from .assemble import Rows, assemble
-from .base import TRACES, Source, Trace
-from .columns import find_file, float_column, ignored_columns, int_column, int_list, read_jsonl, require
+from .base import TRACES, Source, Trace, find_file
+from .columns import float_column, ignored_columns, int_column, int_list, read_jsonl, require
 from .config import TraceConfig
 from .token_ids import block_ids, unique_ids
 

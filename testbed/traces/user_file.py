@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from . import burstgpt, mooncake, sharegpt_json, testbed_format
 from .assemble import assemble
-from .base import TRACES, Trace, TraceError
-from .columns import find_file, read_table
+from .base import TRACES, Trace, TraceError, find_file
+from .columns import read_table
 from .config import TraceConfig
 
 TABLE_READERS = {
