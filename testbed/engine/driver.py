@@ -29,16 +29,18 @@ class RealtimeDriver(StepLoop):
         super().__init__(scheduler, executor, requests, overlap, progress, feed)
         #: t=0 of the run's timelines as a time.perf_counter() value (CLOCK_MONOTONIC on Linux:
         #: shared by the machine's processes, so another process's times can be put on this clock)
-        self.clock_origin = 0.0
+        self.clock_origin: float | None = None
 
     def now(self) -> float:
         return time.perf_counter() - self.clock_origin
 
     def start_clock(self) -> None:
+        """t=0: when run() starts, unless started before (a server starts it before it takes requests)."""
         self.clock_origin = time.perf_counter()
 
     def run(self) -> None:
-        self.start_clock()
+        if self.clock_origin is None:
+            self.start_clock()
         for t in self.loop(self.now):
             self.wait(t)
 

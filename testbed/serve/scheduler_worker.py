@@ -24,6 +24,7 @@ def run(cfg, ch: Channels, out_dir: str, ready) -> None:
     feed = MessageFeed(pull(ctx, ch.scheduler), push(ctx, ch.detokenizer), spec.eos_token_ids,
                        cfg.serve.idle_kv_check)
     built = assemble.build_server_run(cfg, spec, feed, ServingDriver)
+    built.driver.start_clock()  # before any request can come: none arrives before t=0
     ready()
     try:
         drive(cfg, out_dir, built, keep_ids=True)
