@@ -188,6 +188,8 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
     def _arm(self) -> None:
+        if self.done.done():
+            return
         delay = self.last + self.timeout_s - time.monotonic()
         if delay <= 0:
             self._end(StreamError(f"timed out (nothing from the server for {self.timeout_s:g} s)"))
