@@ -36,7 +36,7 @@ class MessageFeed:
         self.kv_checks = 0
         self._events = 0  # batches sent: something happened since the last idle check
         self._checked_at = -1
-        self.clock_origin = 0.0  # the driver's t=0 as a perf_counter() value (ServingDriver.start_clock sets it)
+        self.clock_origin: float | None = None  # the driver's t=0 as a perf_counter() value (ServingDriver.start_clock)
 
     # ---- the step loop's Feed -----------------------------------------------------------
     def admit(self, sched, now: float) -> None:
