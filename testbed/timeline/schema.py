@@ -33,8 +33,9 @@ REQUESTS_SCHEMA = pa.schema([
     ("error", pa.string()),  # backend=http: why a FAILED request failed; else null
     ("response_id", pa.string()),  # backend=http: the id the server gave the response; else null
     # a server's own requests (testbed.serve), whose arrival_s is when its HTTP frontend received the
-    # request: when a tokenizer worker had its ids, and when the scheduler took it into its queue
-    # (between steps: a request that comes during a step waits for it, as a replay's arrival does); else null
+    # request: when a tokenizer worker had its ids, and when the scheduler took it into its queue (the
+    # time of its admission pass between steps, at which all three are capped: a message may come
+    # during the pass; a request that comes during a step waits for it, as a replay's arrival does); else null
     ("tokenized_s", pa.float64()),
     ("queued_s", pa.float64()),
 ])
