@@ -9,7 +9,8 @@ rate gets a fresh server, as each in-process run starts with an empty prefix cac
         model=qwen3_0_6b model.weights=dummy serve.tokenizer=TOKDIR [policy=...] [engine.*=...]
 
 Each rate's run has rate x --seconds requests (--requests N: that many at every rate);
---rates trace uses the trace's own arrival times. The two sides run one after the other, never
+--rates trace uses the trace's own arrival times. serve.* overrides go to the server only, backend.*
+(backend.timeout_s=...) to the replay only. The two sides run one after the other, never
 at once (they would share the device). Writes DIR/serve_vs_engine.json and a table; every run's
 files stay under DIR. Exits 1 when a run fails, or a replay has errors or unfinished requests or finishes another
 number than the in-process run.
@@ -34,6 +35,7 @@ METRICS = ("output_throughput", "request_throughput", "mean_ttft_ms", "median_tt
            "median_e2el_ms", "p90_e2el_ms")
 SERVER_START_S = 900  # model load and the engine's warm-up of every step kind
 SERVER_ONLY = ("serve.",)  # overrides the in-process run does not take
+CLIENT_ONLY = ("backend.",)  # the replay's own (backend.timeout_s=...): neither engine side takes them
 
 
 def trace_overrides(rate: str, n: int) -> list[str]:
@@ -48,7 +50,7 @@ def run_in_process(overrides: list[str], plan: list[tuple[str, int]], out: Path)
     from testbed.config import compose
     from testbed.run import run
 
-    own = [o for o in overrides if not o.startswith(SERVER_ONLY)]
+    own = [o for o in overrides if not o.startswith(SERVER_ONLY + CLIENT_ONLY)]
     parts, result = None, {}
     try:
         for rate, n in plan:
@@ -154,7 +156,7 @@ def main() -> int:
     for rate, n in plan:  # a fresh server a rate: its prefix cache holds none of the last rate's prompts
         prof = lambda side: ("-m", "cProfile", "-o", str((a.out / f"{side}_{rate}.prof").resolve())) if a.profile else ()  # noqa: E731
         try:
-            server = ServerProcess(a.overrides, a.out / f"served_{rate}", SERVER_START_S, prof("app"))
+            server = ServerProcess([o for o in a.overrides if not o.startswith(CLIENT_ONLY)], a.out / f"served_{rate}", SERVER_START_S, prof("app"))
         except ServerError as e:
             raise SystemExit(str(e)) from None
         try:
