@@ -62,6 +62,14 @@ def test_profiler_grid_keeps_within_limits():
         assert sum(sh.extend) <= 2048 or sh.kind == "mixed"
         # what a profile stores of a shape gives the shape back
         assert sample_batch(shape_record(sh)) == (sh.extend, sh.cached)
+    # mixed steps of a budget-filling chunk over long prefixes beside skewed decode contexts, on
+    # both sides of the fa2 plan's query-tile switch (16 decodes beside a 496-token chunk)
+    from testbed.sim.costmodel.fit import Fa2Shape, fa2_plan
+    fa = Fa2Shape(group=2, kv_heads=8, num_sms=132)
+    skewed = [sh for sh in grid if sh.kind == "mixed" and sh.pattern == "skewed"]
+    assert {sh.cached[0] for sh in skewed} >= {0, 12288} and all(sum(sh.extend) == 512 for sh in skewed)
+    assert {fa2_plan(sh.extend, sh.cached, fa)[0] for sh in skewed} == {64, 128}
+    assert all(max(sh.cached[1:]) > 2 * np.mean(sh.cached[1:]) for sh in skewed if len(sh.extend) > 16)
     # the eager base curve gets a fresh prompt at every piecewise-graph size within the limit
     pieces = [16, 32, 48, 400, 2048, 4096]
     fresh = {sum(sh.extend) for sh in device_grid(2048, 64, [1, 2, 4, 8, 16], 100_000, base_tokens=pieces)

@@ -47,6 +47,15 @@ CHUNKED_DECODES = (4, 16, 40, 64, 192)
 CHUNKED_KV = (512, 2048, 8192, 16384)
 CHUNKED_CHUNKS = (64, 256, 448)
 CHUNKED_PREFIX = (0, 2048, 12288)
+# mixed steps as prefix-heavy serving builds them (Mooncake conversations): a budget-filling chunk
+# (512 tokens less the decodes) over a long prefix beside decodes of a log-normal spread of
+# contexts, a few rows several times the mean (fit.skewed_lengths), around the decode count where
+# flashinfer's fa2 plan switches its query tile (16 rows for a 512 budget): the spread pattern's
+# evenly spaced rows put those steps 5-10% under the measured time
+SKEWED_MIXED_DECODES = (8, 12, 16, 20, 24, 32)
+SKEWED_MIXED_KV = (2048, 8192, 12288)
+SKEWED_MIXED_PREFIX = (0, 4096, 12288, 24576)
+SKEWED_MIXED_BUDGET = 512
 SPREAD_KV = (512, 1024, 2048, 8192)
 PADDED_KV = (512, 2048)  # a graph's fewest rows (most padding), uniform
 SKEWED_KV = (1024, 4096)  # decode rows of a log-normal spread of contexts (fit.skewed_lengths)
@@ -141,6 +150,13 @@ def device_grid(max_tokens: int, max_running: int, graph_sizes: list[int], max_k
                         if d < max_running and n <= max_tokens and 2 * d * L + n + pre <= max_kv:
                             shapes.append(Shape("mixed", [n] + [1] * d, [pre] + (spread_lengths(L, d) - 1).tolist(),
                                                 "spread", L - 1))
+        for d in SKEWED_MIXED_DECODES:
+            n = SKEWED_MIXED_BUDGET - d
+            for L in SKEWED_MIXED_KV:
+                lengths = skewed_lengths(L, d)
+                for pre in SKEWED_MIXED_PREFIX:
+                    if d < max_running and n <= max_tokens and 2 * int(lengths.sum()) + n + pre <= max_kv:
+                        shapes.append(Shape("mixed", [n] + [1] * d, [pre] + (lengths - 1).tolist(), "skewed", L - 1))
     return shapes
 
 
