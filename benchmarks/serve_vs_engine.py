@@ -38,6 +38,11 @@ SERVER_ONLY = ("serve.",)  # overrides the in-process run does not take
 CLIENT_ONLY = ("backend.",)  # the replay's own (backend.timeout_s=...): neither engine side takes them
 
 
+def without(overrides: list[str], prefixes: tuple[str, ...]) -> list[str]:
+    """The overrides one side takes: those of the other sides' prefixes left out."""
+    return [o for o in overrides if not o.startswith(prefixes)]
+
+
 def trace_overrides(rate: str, n: int) -> list[str]:
     return [f"trace.num_requests={n}"] + ([] if rate == "trace" else [f"trace.rate={rate}"])
 
@@ -50,7 +55,7 @@ def run_in_process(overrides: list[str], plan: list[tuple[str, int]], out: Path)
     from testbed.config import compose
     from testbed.run import run
 
-    own = [o for o in overrides if not o.startswith(SERVER_ONLY + CLIENT_ONLY)]
+    own = without(overrides, SERVER_ONLY + CLIENT_ONLY)
     parts, result = None, {}
     try:
         for rate, n in plan:
@@ -76,7 +81,7 @@ def cpu_seconds(pid: int) -> float:
 
 def replay(url: str, overrides: list[str], rate: str, n: int, out: Path, python_args=()) -> dict:
     """python -m testbed.run backend=http, as a user runs it; its summary's metrics."""
-    own = [o for o in overrides if not o.startswith(SERVER_ONLY)]
+    own = without(overrides, SERVER_ONLY)
     d = out / f"http_{rate}"
     p = subprocess.run([sys.executable, *python_args, "-m", "testbed.run", *own, "backend=http", f"backend.url={url}",
                         "progress=false", f"hydra.run.dir={d}", *trace_overrides(rate, n)],
@@ -156,7 +161,7 @@ def main() -> int:
     for rate, n in plan:  # a fresh server a rate: its prefix cache holds none of the last rate's prompts
         prof = lambda side: ("-m", "cProfile", "-o", str((a.out / f"{side}_{rate}.prof").resolve())) if a.profile else ()  # noqa: E731
         try:
-            server = ServerProcess([o for o in a.overrides if not o.startswith(CLIENT_ONLY)], a.out / f"served_{rate}", SERVER_START_S, prof("app"))
+            server = ServerProcess(without(a.overrides, CLIENT_ONLY), a.out / f"served_{rate}", SERVER_START_S, prof("app"))
         except ServerError as e:
             raise SystemExit(str(e)) from None
         try:
