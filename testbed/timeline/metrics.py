@@ -26,20 +26,24 @@ PERCENTILES = (90, 99)  # besides the median
 REQUEST_COLUMNS = ("state", "arrival_s", "finish_s", "prompt_tokens", "output_tokens", "prefix_cached_tokens",
                    "preemptions", "ttft_s", "tpot_s", "e2e_s", "queue_s", "token_times_s")
 STEP_COLUMNS = ("pages_used", "pages_cached", "pages_free", "batch_reqs", "evicted_pages")
+GAP_BLOCK = 1 << 16  # token gaps worked out at a time
 
 
 def latency_samples(done: pd.DataFrame, gaps: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Finite latencies of finished requests, ms, as vLLM's benchmark collects them: ttft,
     tpot (requests with more than one output token), itl (every gap between two tokens of
     a request), e2el (arrival to last token), and queue (arrival to first scheduled).
-    gaps: the itl gaps in seconds (token_gaps) when `done` has no token_times_s column."""
-    def ms(v) -> np.ndarray:
-        v = np.asarray(v, dtype=float) * 1000.0
-        return v[np.isfinite(v)]
+    gaps: the itl gaps in seconds (token_gaps) when `done` has no token_times_s column; an
+    array of the caller's to use up (scaled to ms in place)."""
+    def ms(v, own: bool = False) -> np.ndarray:
+        v = np.asarray(v, dtype=float)
+        v = np.multiply(v, 1000.0, out=v) if own else v * 1000.0  # own: scaled in place (millions of gaps)
+        finite = np.isfinite(v)
+        return v if finite.all() else v[finite]
     if gaps is None:
         import pyarrow as pa
         gaps = token_gaps(pa.array(list(done["token_times_s"]), type=pa.list_(pa.float64())))
-    return {"ttft": ms(done["ttft_s"]), "tpot": ms(done["tpot_s"]), "itl": ms(gaps),
+    return {"ttft": ms(done["ttft_s"]), "tpot": ms(done["tpot_s"]), "itl": ms(gaps, own=True),
             "e2el": ms(done["e2e_s"]), "queue": ms(done["queue_s"])}
 
 
@@ -59,7 +63,18 @@ def gaps_within(flat: np.ndarray, lens: np.ndarray) -> np.ndarray:
     inside = np.ones(len(flat) - 1, bool)  # gap i is flat[i + 1] - flat[i]: inside a request unless i + 1 starts one
     starts = np.cumsum(lens)[:-1]
     inside[starts[(starts > 0) & (starts < len(flat))] - 1] = False
-    return np.diff(flat)[inside]
+    # block by block into the result: the gaps with the ones between requests (a run's
+    # millions) are never held beside it
+    out = np.empty(int(np.count_nonzero(inside)))
+    at = 0
+    for a in range(0, len(inside), GAP_BLOCK):
+        b = min(a + GAP_BLOCK, len(inside))
+        d = flat[a + 1:b + 1] - flat[a:b]
+        keep = inside[a:b]
+        n = int(np.count_nonzero(keep))
+        out[at:at + n] = d if n == b - a else d[keep]
+        at += n
+    return out
 
 
 def stat_name(stat, metric: str) -> str:
@@ -69,15 +84,18 @@ def stat_name(stat, metric: str) -> str:
     return f"{stat}_{metric}_ms"
 
 
-def latency_stats(metric: str, v: np.ndarray, percentiles=PERCENTILES) -> dict:
+def latency_stats(metric: str, v: np.ndarray, percentiles=PERCENTILES, scratch: bool = False) -> dict:
     """mean, median, std (population, as numpy's and vLLM's) and the percentiles of one latency;
-    None for each when there is no value."""
+    None for each when there is no value. scratch: v is the caller's to reorder (the order
+    statistics partition it in place instead of copying it)."""
     stats = ("mean", "median", "std", *percentiles)
     if not len(v):
         return {stat_name(s, metric): None for s in stats}
-    out = {stat_name("mean", metric): float(v.mean()), stat_name("median", metric): float(np.median(v)),
-           stat_name("std", metric): float(v.std())}
-    out.update({stat_name(p, metric): float(np.percentile(v, p)) for p in percentiles})
+    mean, std = float(v.mean()), float(v.std())  # before any reordering: their sums run in v's order
+    median = float(np.median(v, overwrite_input=scratch))
+    qs = np.percentile(v, percentiles, overwrite_input=scratch)
+    out = {stat_name("mean", metric): mean, stat_name("median", metric): median, stat_name("std", metric): std}
+    out.update({stat_name(p, metric): float(q) for p, q in zip(percentiles, qs)})
     return out
 
 
@@ -125,7 +143,7 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame | None = None, slo_ttf
     if token_times is not None:
         flat, offsets = token_times
         lens = np.diff(offsets)
-        gaps = gaps_within(flat[np.repeat(finished, lens)], lens[finished])
+        gaps = gaps_within(flat if finished.all() else flat[np.repeat(finished, lens)], lens[finished])
     out = {
         "num_requests": n,
         "completed": completed,
@@ -150,7 +168,7 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame | None = None, slo_ttf
     })
     samples = latency_samples(done, gaps)
     for metric in ("ttft", "tpot", "itl", "e2el", "queue"):
-        out.update(latency_stats(metric, samples[metric]))
+        out.update(latency_stats(metric, samples[metric], scratch=True))
     out.update({k.replace("_e2el_", "_e2e_latency_"): v for k, v in out.items() if "_e2el_" in k and "std" not in k})
     if n and np.isnan(np.asarray(req["preemptions"], dtype=float)).all():  # a client's run (backend=http): not known
         out["prefix_cache_hit_rate"] = out["preemptions"] = None
