@@ -134,12 +134,14 @@ def requests_from(trace: Trace, spec: ModelSpec, engine_cfg) -> list[Request]:
     eos = tuple(spec.eos_token_ids)
     out = []
     for t in trace.requests:
-        if t.prompt_ids is None and t.prompt_len + t.output_len <= spec.max_context:
+        lazy = t.lazy_ids()  # made as the request arrives (TraceFeed), not all up front
+        ids = None if lazy is not None else t.prompt_ids
+        if ids is None and lazy is None and t.prompt_len + t.output_len <= spec.max_context:
             raise AssertionError(f"trace request {t.rid} has no token ids but fits the context {spec.max_context}")
         sampling = SamplingParams(engine_cfg.temperature, engine_cfg.top_k, engine_cfg.top_p, seed=t.rid)
         out.append(Request(rid=t.rid, prompt_len=t.prompt_len, max_new_tokens=t.output_len,
-                           arrival=t.arrival_s, prompt_ids=t.prompt_ids, ignore_eos=engine_cfg.ignore_eos,
-                           eos_token_ids=eos, priority=t.priority, sampling=sampling))
+                           arrival=t.arrival_s, prompt_ids=ids, ignore_eos=engine_cfg.ignore_eos,
+                           eos_token_ids=eos, priority=t.priority, sampling=sampling, ids_source=lazy))
     return out
 
 

@@ -65,7 +65,9 @@ class TraceFeed:
     def admit(self, sched, now: float) -> None:
         reqs, n = self.requests, len(self.requests)
         while self._next < n and reqs[self._next].arrival <= now:
-            sched.add_request(reqs[self._next], now)
+            r = reqs[self._next]
+            r.make_ids()  # a trace's lazy ids are made as the request arrives
+            sched.add_request(r, now)
             self._next += 1
 
     def next_arrival(self) -> float | None:

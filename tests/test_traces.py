@@ -559,3 +559,42 @@ def test_keyed_runs_are_whole_per_request_and_held_a_chunk_at_a_time():
     assert all(np.array_equal(runs[i], a) for i, a in zip((0, 17, 39), alone))
     assert [len(r) for r in runs] == lens.tolist()
     assert runs[0].base is not None and runs[0].base is runs[7].base and runs[0].base is not runs[39].base
+
+
+@pytest.mark.parametrize("kw", [dict(name="sharegpt", num_requests=400), dict(name="azure_conv", num_requests=300),
+                                dict(name="synthetic", num_requests=300, num_prefix_groups=4, prefix_len=64),
+                                dict(name="sharegpt", num_requests=50, max_context=2048, over_context="reject")])
+def test_lazy_ids_are_the_makers_in_any_order(kw, monkeypatch):
+    """A pure id maker's ids are made when first read, a window at a time: read in any order
+    (a window made again after its ids were handed over) they are what one call makes for all."""
+    import testbed.traces.lazy_ids as lazy
+    monkeypatch.setattr(lazy, "WINDOW_TOKENS", 3000)  # many windows, each of a few requests
+    trace = load(**kw)
+    src = trace.requests[0].lazy_ids() or next(r.lazy_ids() for r in trace.requests if r.lazy_ids())
+    assert all(r.made_ids is None for r in trace.requests)  # nothing made up front
+    eager = lazy.IdWindows(src.name, src.make_ids, src.take, src.rids, src.lens, src.runs, math.inf)
+    order = np.random.default_rng(0).permutation(len(trace.requests))
+    for i in order.tolist():
+        r = trace.requests[i]
+        want = eager.ids(r.rid)
+        got = r.prompt_ids
+        assert (got is None) == (want is None)
+        if got is not None:
+            assert got.dtype == np.int32 and np.array_equal(got, want) and len(got) == r.prompt_len
+    assert src.hi - src.lo < len(trace.requests)  # windows, not the whole trace
+
+
+def test_a_replay_makes_ids_as_requests_arrive():
+    """The scheduler's requests of a lazy trace get their ids when the feed admits them."""
+    from testbed.assemble import requests_from
+    from testbed.config import EngineConfig
+    from testbed.steploop import TraceFeed
+    trace = load(name="sharegpt", num_requests=30, rate=2.0)
+    reqs = requests_from(trace, SimpleNamespace(eos_token_ids=(), max_context=1 << 17), EngineConfig())
+    assert all(r.prompt_ids is None and r.ids_source is not None for r in reqs)
+    feed = TraceFeed(reqs)
+    added = []
+    feed.admit(SimpleNamespace(add_request=lambda r, now: added.append(r)), reqs[9].arrival)
+    assert len(added) >= 10 and all(r.prompt_ids is not None and r.ids_source is None for r in added)
+    assert all(r.prompt_ids is None for r in reqs[len(added):])
+    assert np.array_equal(added[3].prompt_ids, trace.requests[3].prompt_ids)

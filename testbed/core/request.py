@@ -89,19 +89,33 @@ class Request:
     admit_seq: int = -1  # order of (re)admission (view.admission_order); default preemption victim is the largest
     queued: bool = False  # in the scheduler's waiting queue
     plan_stamp: int = -1  # last step whose plan named it (duplicate check)
+    # where the prompt ids come from when they are made at arrival (a trace's lazy ids,
+    # testbed/traces/lazy_ids.py: ids(rid)); None once made, or when prompt_ids was given
+    ids_source: object = None
 
     def __post_init__(self):
         if self.prompt_ids is not None:
-            self.prompt_ids = np.ascontiguousarray(self.prompt_ids, dtype=np.int32)
-            if self.prompt_len != len(self.prompt_ids):
-                raise ValueError(
-                    f"request {self.rid}: prompt_len {self.prompt_len} != len(prompt_ids) {len(self.prompt_ids)}")
+            self._check_ids()
         if self.prompt_len < 1:
             raise ValueError(f"request {self.rid}: prompt_len must be >= 1, got {self.prompt_len}")
         if self.max_new_tokens < 1:
             raise ValueError(f"request {self.rid}: max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.device_len == 0:
             self.device_len = self.prompt_len
+
+    def _check_ids(self) -> None:
+        self.prompt_ids = np.ascontiguousarray(self.prompt_ids, dtype=np.int32)
+        if self.prompt_len != len(self.prompt_ids):
+            raise ValueError(
+                f"request {self.rid}: prompt_len {self.prompt_len} != len(prompt_ids) {len(self.prompt_ids)}")
+
+    def make_ids(self) -> None:
+        """Take the prompt ids from ids_source (the request arrives: from now the scheduler
+        may read them)."""
+        if self.ids_source is not None:
+            self.prompt_ids, self.ids_source = self.ids_source.ids(self.rid), None
+            if self.prompt_ids is not None:
+                self._check_ids()
 
     @property
     def max_len(self) -> int:

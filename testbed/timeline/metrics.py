@@ -56,8 +56,9 @@ def token_gaps(token_times) -> np.ndarray:
     return gaps_within(flat, lens)
 
 
-def gaps_within(flat: np.ndarray, lens: np.ndarray) -> np.ndarray:
-    """token_gaps of the token times flat, lens: each request's count."""
+def gaps_within(flat: np.ndarray, lens: np.ndarray, in_place: bool = False) -> np.ndarray:
+    """token_gaps of the token times flat, lens: each request's count. in_place: flat is the
+    caller's to use up (the gaps are written over its head; a run's token times are tens of MB)."""
     if len(flat) < 2:
         return np.zeros(0)
     inside = np.ones(len(flat) - 1, bool)  # gap i is flat[i + 1] - flat[i]: inside a request unless i + 1 starts one
@@ -65,8 +66,9 @@ def gaps_within(flat: np.ndarray, lens: np.ndarray) -> np.ndarray:
     inside[starts[(starts > 0) & (starts < len(flat))] - 1] = False
     # block by block into the result: the gaps with the ones between requests (a run's
     # millions) are never held beside it
-    out = np.empty(int(np.count_nonzero(inside)))
-    at = 0
+    k = int(np.count_nonzero(inside))
+    out = flat[:k] if in_place and flat.flags.writeable and flat.dtype == np.float64 else np.empty(k)
+    at = 0  # <= a: a block's gaps land before what the next block reads
     for a in range(0, len(inside), GAP_BLOCK):
         b = min(a + GAP_BLOCK, len(inside))
         d = flat[a + 1:b + 1] - flat[a:b]
@@ -126,13 +128,14 @@ def columns(table, names) -> dict[str, np.ndarray]:
 
 
 def summarize(requests: pd.DataFrame, steps: pd.DataFrame | None = None, slo_ttft_ms: float | None = None,
-              slo_tpot_ms: float | None = None, slo_e2e_ms: float | None = None, token_times=None) -> dict:
+              slo_tpot_ms: float | None = None, slo_e2e_ms: float | None = None, token_times=None,
+              token_times_scratch: bool = False) -> dict:
     """Metrics over one run's requests.parquet (and steps.parquet for KV/batch figures), each a
     DataFrame or numpy columns (columns()). Throughputs are over the run's duration: first
     arrival to last finish. token_times: the requests' token times as (flat values, offsets:
     request i's are values[offsets[i]:offsets[i + 1]]) in their rows' order, when `requests`
-    leaves that column out (the writer keeps a run's token times flat). Sums, minima, maxima
-    and means skip NaN, as pandas' do."""
+    leaves that column out (the writer keeps a run's token times flat); token_times_scratch:
+    its values are the caller's to use up. Sums, minima, maxima and means skip NaN, as pandas' do."""
     req = columns(requests, REQUEST_COLUMNS)
     state = req["state"]
     n = len(state)
@@ -143,7 +146,8 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame | None = None, slo_ttf
     if token_times is not None:
         flat, offsets = token_times
         lens = np.diff(offsets)
-        gaps = gaps_within(flat if finished.all() else flat[np.repeat(finished, lens)], lens[finished])
+        gaps = gaps_within(flat if finished.all() else flat[np.repeat(finished, lens)], lens[finished],
+                           in_place=not finished.all() or token_times_scratch)
     out = {
         "num_requests": n,
         "completed": completed,

@@ -107,7 +107,8 @@ def write_run(out_dir: str | os.PathLike, reqs, steps: StepLog, config: dict, ex
     times = req["token_times_s"]  # the token times stay flat: values and offsets
     metrics = summarize({c: req[c].numpy() for c in metric_columns.REQUEST_COLUMNS if c != "token_times_s"},
                         {c: step[c].numpy() for c in metric_columns.STEP_COLUMNS}, *slos,
-                        token_times=(times.values, times.offsets))
+                        token_times=(times.values, times.offsets),
+                        token_times_scratch=True)  # the file has them: the gaps are made over them
     summary = {"metrics": metrics, **extra, "config": config, "versions": versions(), "git_revision": git_revision()}
     if failed:  # the summary says which of its files are missing
         summary["unwritten_files"] = list(failed)

@@ -10,6 +10,7 @@ import numpy as np
 from .arrivals import describe_arrivals, synthesize_arrivals
 from .base import Source, Trace, TraceRequest
 from .config import TraceConfig
+from .lazy_ids import WINDOW_TOKENS, IdWindows
 from .streams import SHUFFLE
 
 # ids(rows, rids, lens) -> one int32 array per row taken, of length lens[i] (the prompt
@@ -29,6 +30,9 @@ class Rows:
     arrival_what: str = ""  # how arrival_s was made, for the notes
     priority: np.ndarray | None = None  # int64
     shufflable: bool = False  # length-only rows: cfg.shuffle applies
+    # make_ids is a pure function of its arguments that adds no notes: the trace makes the ids
+    # when they are first read (lazy_ids.py), not up front
+    lazy_ids: bool = False
     notes: list[str] = field(default_factory=list)
 
 
@@ -110,18 +114,17 @@ def assemble(name: str, rows: Rows, k: TraceConfig) -> Trace:
     runs = np.ones(n, bool)
     if info["rule"] == "reject":
         runs[info["rids"]] = False
-    ids: list = [None] * n
-    for j, x in zip(np.flatnonzero(runs).tolist(), rows.make_ids(take[runs], rids[runs], prompt[runs])):
-        ids[j] = x
-    notes.extend(rows.notes[known:])  # facts the id maker found
+    source = IdWindows(name, rows.make_ids, take, rids, prompt, runs, WINDOW_TOKENS if rows.lazy_ids else np.inf)
     priority = rows.priority[take] if rows.priority is not None else np.zeros(n, dtype=np.int64)
     requests = [
-        TraceRequest(rid=int(r), arrival_s=float(a), prompt_len=int(pl), prompt_ids=p, output_len=int(o),
-                     priority=int(q))
-        for r, a, pl, p, o, q in zip(rids, arrivals, prompt, ids, output, priority)
+        TraceRequest(rid=int(r), arrival_s=float(a), prompt_len=int(pl), output_len=int(o), priority=int(q),
+                     id_source=source if ok else None)
+        for r, a, pl, o, q, ok in zip(rids.tolist(), arrivals.tolist(), prompt.tolist(), output.tolist(),
+                                      priority.tolist(), runs.tolist())
     ]
-    for req, ok in zip(requests, runs):  # cheap guard on every loader's id maker
-        if ok and (len(req.prompt_ids) != req.prompt_len or req.prompt_ids.dtype != np.int32):
-            raise AssertionError(f"{name}: rid {req.rid} got {len(req.prompt_ids)} ids, want {req.prompt_len}")
+    if not rows.lazy_ids:  # made now, in one call: the notes say what the maker found
+        for r in requests:
+            r.made_ids, r.id_source = source.ids(r.rid) if r.id_source is not None else None, None
+        notes.extend(rows.notes[known:])
     return Trace(name=name, requests=requests, over_context=info, notes=notes, rows=total,
                  synthesized_arrivals=rows.arrival_s is None)

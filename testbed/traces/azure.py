@@ -47,6 +47,7 @@ def load(k: TraceConfig) -> Trace:
         arrival_s=parse_times(df[TIME], src),
         arrival_what=f"{TIME} minus the earliest {TIME}, in seconds",
         make_ids=lambda take, rids, lens: unique_ids(k.seed, rids, lens, k.vocab_size),
+        lazy_ids=True,
         notes=[f"token ids: seeded random (seed {k.seed}, vocab {k.vocab_size}), independent per request"],
     )
     return assemble(k.name, rows, k)

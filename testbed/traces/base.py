@@ -34,11 +34,26 @@ class TraceRequest:
     rid: int  # 0..n-1 in arrival order after all processing
     arrival_s: float  # seconds from trace start, non-decreasing across the list
     prompt_len: int
-    # int32 token ids, len == prompt_len; None for a request the context rejects (rule reject):
-    # its ids are never made, however long its prompt
-    prompt_ids: np.ndarray | None
     output_len: int  # tokens to generate (>= 1)
     priority: int = 0
+    made_ids: np.ndarray | None = None  # prompt_ids once made
+    id_source: object = None  # lazy_ids.IdWindows that makes them when first read, or None
+
+    @property
+    def prompt_ids(self) -> np.ndarray | None:
+        """int32 token ids, len == prompt_len; None for a request the context rejects (rule
+        reject): its ids are never made, however long its prompt."""
+        if self.id_source is not None:
+            self.made_ids, self.id_source = self.id_source.ids(self.rid), None
+        return self.made_ids
+
+    @prompt_ids.setter
+    def prompt_ids(self, ids: np.ndarray | None) -> None:
+        self.made_ids, self.id_source = ids, None
+
+    def lazy_ids(self):
+        """The source that will make this request's ids (its ids(rid)), if they are not made yet."""
+        return self.id_source
 
 
 @dataclass

@@ -56,5 +56,6 @@ def rows(df, src: Source, k: TraceConfig) -> Rows:
         arrival_s=times[index],
         arrival_what=f"{TIME} (s)",
         make_ids=lambda take, rids, lens: unique_ids(k.seed, rids, lens, k.vocab_size),
+        lazy_ids=True,
         notes=notes,
     )

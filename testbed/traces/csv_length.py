@@ -35,6 +35,7 @@ def load(k: TraceConfig) -> Trace:
         prompt_len=prompt,
         output_len=output,
         make_ids=lambda take, rids, lens: unique_ids(k.seed, rids, lens, k.vocab_size),
+        lazy_ids=True,
         shufflable=True,
         notes=notes,
     )

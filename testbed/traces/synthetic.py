@@ -63,6 +63,7 @@ def load(k: TraceConfig) -> Trace:
         prompt_len=prompt,
         output_len=output,
         make_ids=make_ids,
+        lazy_ids=True,
         notes=notes,
     )
     return assemble("synthetic", rows, k)
