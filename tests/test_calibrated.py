@@ -4,6 +4,7 @@ refitting a profile, and the CLI with costmodel=calibrated."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -175,13 +176,27 @@ def test_nnls_numpy_matches_scipy():
         assert (x2 >= 0).all() and np.linalg.norm(a @ x2 - b) <= np.linalg.norm(a @ x1 - b) + 1e-9
 
 
+def _close(a, b, rel=1e-9) -> bool:
+    """a == b, floats within rel of each other (dicts and lists compared item by item)."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_close(a[k], b[k], rel) for k in a)
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(_close(x, y, rel) for x, y in zip(a, b))
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and math.isclose(a, b, rel_tol=rel,
+                                                                                            abs_tol=1e-300)
+    return a == b
+
+
 def test_refit_reproduces_the_committed_profile(tmp_path):
     out = tmp_path / "q.json"
     p = subprocess.run([sys.executable, "-m", "testbed.profile", f"refit={PROFILE_PATH}", f"out={out}"],
                        cwd=REPO, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     new, old = json.loads(out.read_text()), load_profile(PROFILE)
-    assert new["host"] == old["host"] and new["device"] == old["device"]
+    # the same fit of the same samples; another numpy / BLAS build rounds the least squares'
+    # last bits differently
+    assert _close(new["host"], old["host"]) and _close(new["device"], old["device"])
     assert new["engine"] == old["engine"] and new["policy"] == old["policy"]  # the deployment it records
     assert "device_decode" in p.stdout and "chunked_launch_s" in p.stdout
     p = subprocess.run([sys.executable, "-m", "testbed.profile", f"refit={tmp_path / 'none.json'}"],
@@ -201,7 +216,7 @@ def test_refit_takes_the_decode_graph_shapes_from_graph_from(tmp_path):
                         f"out={out}"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     new, old, g = json.loads(out.read_text()), load_profile(PROFILE), json.loads(other.read_text())
-    assert new["device"] == old["device"] and new["host"] == old["host"]
+    assert _close(new["device"], old["device"]) and _close(new["host"], old["host"])
     top = max(g["engine"]["graph_sizes"])
     keys = ("kind", "pattern", "reqs", "extend", "cached", "device_s")
     graph = lambda samples: sorted(json.dumps([d.get(k) for k in keys]) for d in samples  # noqa: E731

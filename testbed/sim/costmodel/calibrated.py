@@ -215,6 +215,7 @@ class CalibratedCostModel:
         self._bt, self._bs = np.array(e["base_tokens"], float), np.array(e["base_s"], float)
         self._extra = np.array([e["coef_s"].get(k, 0.0) for k in EAGER_EXTRA], float)
         self._pieces = np.array(e.get("piece_sizes", []), float)  # empty: profiled without piecewise graphs
+        self._base: dict[int, float] = {}  # the base curve at a step's (padded) token count, by tokens
         self._fa2 = Fa2Shape(**e["fa2"]) if e.get("fa2") else None
         self.range = prof["device"]["range"]
         self._warned: set[str] = set()
@@ -249,7 +250,10 @@ class CalibratedCostModel:
         if b > self.range["reqs"] or tok > self.range["tokens"] or kv > self.range["kv_tokens"]:
             return self._outside(kind, n, c, b, tok, kv)
         x = eager_extras(n, c, self._fa2)
-        return float(base_curve(self._bt, self._bs, padded_tokens(self._pieces, [tok]))[0] + self._extra @ x)
+        base = self._base.get(tok)
+        if base is None:  # a replay's eager steps have few distinct token counts (its chunk sizes)
+            base = self._base[tok] = base_curve(self._bt, self._bs, padded_tokens(self._pieces, [tok]))[0]
+        return float(base + self._extra @ x)
 
     def _outside(self, kind, n, c, b, tok, kv) -> float:
         if kind not in self._warned:

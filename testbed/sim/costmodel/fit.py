@@ -173,15 +173,19 @@ def fa2_plan(extend, cached, fa: Fa2Shape) -> tuple[int, int, int]:
     limit = max(1, 2 * fa.num_sms // fa.kv_heads)
     lo, hi = max(128 // fa.page_size, 1), int(kv.max())
     if int(tiles.sum()) > limit:  # more query tiles than the limit: no chunk fits, none is split
-        lo = max(lo, hi)
-    while lo < hi:  # the smallest chunk whose items fit the limit
+        chunk = max(lo, hi)
+        return tile, chunk * fa.page_size, int((tiles * -(-kv // chunk)).sum())
+    # the smallest chunk whose items fit the limit; at most `limit` rows get here (a row has a
+    # tile at least), so plain ints search faster than numpy calls on a few elements
+    pairs = list(zip(tiles.tolist(), kv.tolist()))
+    while lo < hi:
         mid = (lo + hi) // 2
-        if int((tiles * -(-kv // mid)).sum()) > limit:
+        if sum(t * -(-k // mid) for t, k in pairs) > limit:
             lo = mid + 1
         else:
             hi = mid
     chunk = max(lo, 1)
-    return tile, chunk * fa.page_size, int((tiles * -(-kv // chunk)).sum())
+    return tile, chunk * fa.page_size, sum(t * -(-k // chunk) for t, k in pairs)
 
 
 def fa2_load(extend, cached, fa: Fa2Shape) -> np.ndarray:
