@@ -9,22 +9,16 @@ import datetime
 import gc
 import json
 import logging
-import os
 import signal
 import sys
 import threading
 import time
 from pathlib import Path
 
-# Before pyarrow loads: its default allocator (mimalloc) keeps what writing the run's files
-# took (40 MB for a 4,000-request replay's 14 MB of token times) until the process exits;
-# the system's gives it back. A user's own choice stands.
-os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
+import hydra
+from omegaconf import OmegaConf
 
-import hydra  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-
-from testbed.config import Config, ConfigError, check, register_schema, to_config  # noqa: E402
+from testbed.config import Config, ConfigError, check, register_schema, to_config
 
 log = logging.getLogger("testbed.run")
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")

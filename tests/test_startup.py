@@ -5,6 +5,7 @@ pandas for the files at the end either."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -82,3 +83,16 @@ def test_a_simulator_run_ends_without_pandas_and_still_records_its_version(tmp_p
     assert p.stdout.strip().splitlines()[-1] == "pandas loaded: False"
     import pandas
     assert json.loads((tmp_path / "summary.json").read_text())["versions"]["pandas"] == pandas.__version__
+
+
+@pytest.mark.parametrize("entry", ["testbed.run", "testbed.sim.driver", "testbed.timeline.writer"])
+def test_a_run_writes_through_the_system_allocator(entry):
+    """However a run's code is first imported, pyarrow comes up on the system allocator (mimalloc
+    kept the write's buffers to the process's end), unless the user chose one."""
+    code = f"import {entry}, pyarrow as pa; print(pa.default_memory_pool().backend_name)"
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=env)
+    assert out.stdout.strip() == "system", out.stderr[-500:]
+    env["ARROW_DEFAULT_MEMORY_POOL"] = "mimalloc"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=env)
+    assert out.stdout.strip() == "mimalloc", out.stderr[-500:]
