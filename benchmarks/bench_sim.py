@@ -132,11 +132,11 @@ def main(argv=None) -> int:
         ap.error(f"--repeats must be >= 1, got {a.repeats}")
     base = ensure_base(a.base_commit, a.base_dir.resolve())
     results = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
+    this = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+    today = datetime.date.today().isoformat()
     results.update({"machine": f"2-core x86 VM ({platform.machine()}, {os.cpu_count()} CPUs)",
-                    "base_commit": a.base_commit,
-                    "this_commit": subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                                                  capture_output=True, text=True).stdout.strip(),
-                    "date": datetime.date.today().isoformat()})
+                    "base_commit": a.base_commit, "this_commit": this, "date": today})
     workloads = results.setdefault("workloads", {})
     with tempfile.TemporaryDirectory() as tmp:
         for name in a.only or list(WORKLOADS):
@@ -152,7 +152,8 @@ def main(argv=None) -> int:
             ratio = {k: med["this"][k] / med["base"][k] for k in med["this"] if med["base"][k]}
             workloads[name] = {"command": "python -m testbed.run " + " ".join(ours),
                                "command_base": "python -m testbed.run " + " ".join(theirs),
-                               "repeats": a.repeats, "runs": runs, "median": med, "ratio_this_to_base": ratio}
+                               "repeats": a.repeats, "runs": runs, "median": med, "ratio_this_to_base": ratio,
+                               "this_commit": this, "date": today}  # with --only, the others keep theirs
             print(f"{name}: this {med['this']['wall_s']:.2f} s / base {med['base']['wall_s']:.2f} s = "
                   f"{ratio['wall_s']:.3f} of the wall time; peak {med['this']['peak_mib']:.0f} vs "
                   f"{med['base']['peak_mib']:.0f} MiB; start-up {med['this']['startup_s']:.2f} vs "
