@@ -72,9 +72,10 @@ def synthetic_tokens(plan: BatchPlan) -> np.ndarray:
     """Deterministic stand-in ids (never an EOS: the simulator's lengths come from the trace):
     distinct per request and position, so finished sequences cached in the radix tree share
     nothing by accident."""
-    # one list comprehension: a plan's tens of items cost less so than two fromiter calls
-    return np.array([synthetic_id(r.rid, r.device_len) for r, s in zip(plan.reqs, plan.samples.tolist()) if s],
-                    np.int64)
+    # one list comprehension, synthetic_id's arithmetic written out (a call per item was half
+    # its time): a plan's tens of items cost less so than two fromiter calls
+    return np.array([(r.rid * 1_000_003 + r.device_len) % 1_000_000_000 + 1_000_000_000
+                     for r, s in zip(plan.reqs, plan.samples.tolist()) if s], np.int64)
 
 
 def synthetic_id(rid, device_len):
