@@ -131,3 +131,23 @@ def test_the_writers_numpy_columns_summarize_as_the_dataframe(req, ttft, tpot, c
                     {c: steps[c].to_numpy() for c in STEP_COLUMNS}, ttft, tpot,
                     token_times=(cols["token_times_s"].values, cols["token_times_s"].offsets))
     assert got == want
+
+
+@pytest.mark.parametrize("n", [1, 7, 64, 65, 1000])
+def test_blocked_std_is_numpys(n):
+    """The population std over blocks (a run's millions of gaps are never held twice) is numpy's."""
+    from testbed.timeline.metrics import _std
+    v = np.random.default_rng(n).lognormal(size=n) * 20
+    assert _std(v, block=64) == pytest.approx(float(v.std()), rel=1e-12, abs=1e-300)
+    assert _std(v) == float(v.std())  # within one block: numpy's own
+
+
+def test_gaps_in_place_are_the_gaps():
+    """gaps_within over the caller's buffer gives the copy's gaps, request by request."""
+    from testbed.timeline.metrics import gaps_within
+    rng = np.random.default_rng(3)
+    lens = rng.integers(0, 9, 50000)
+    flat = np.cumsum(rng.random(int(lens.sum())))
+    want = np.concatenate([np.diff(flat[a:b]) for a, b in zip(np.cumsum(lens) - lens, np.cumsum(lens))])
+    assert np.array_equal(gaps_within(flat.copy(), lens), want)
+    assert np.array_equal(gaps_within(flat, lens, in_place=True), want)

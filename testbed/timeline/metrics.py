@@ -11,6 +11,7 @@ summarize reads pandas DataFrames (analysis, the export) or numpy columns as pan
 them (the writer's: a simulator run writes its files without importing pandas)."""
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -79,6 +80,19 @@ def gaps_within(flat: np.ndarray, lens: np.ndarray, in_place: bool = False) -> n
     return out
 
 
+def _std(v: np.ndarray, block: int = 1 << 20) -> float:
+    """v.std() (population), over blocks of a long array: numpy's holds v - mean beside v (a
+    run's millions of token gaps); up to a block it is numpy's own."""
+    if len(v) <= block:
+        return float(v.std())
+    mean = v.mean()
+    total = 0.0
+    for a in range(0, len(v), block):
+        d = v[a:a + block] - mean
+        total += float(np.multiply(d, d, out=d).sum())
+    return math.sqrt(total / len(v))
+
+
 def stat_name(stat, metric: str) -> str:
     """vLLM's key of a statistic: mean/median/std, or a percentile (99 -> p99, 99.9 -> p99.9)."""
     if not isinstance(stat, str):
@@ -93,7 +107,7 @@ def latency_stats(metric: str, v: np.ndarray, percentiles=PERCENTILES, scratch: 
     stats = ("mean", "median", "std", *percentiles)
     if not len(v):
         return {stat_name(s, metric): None for s in stats}
-    mean, std = float(v.mean()), float(v.std())  # before any reordering: their sums run in v's order
+    mean, std = float(v.mean()), _std(v)  # before any reordering: their sums run in v's order
     median = float(np.median(v, overwrite_input=scratch))
     qs = np.percentile(v, percentiles, overwrite_input=scratch)
     out = {stat_name("mean", metric): mean, stat_name("median", metric): median, stat_name("std", metric): std}

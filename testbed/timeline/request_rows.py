@@ -51,6 +51,14 @@ class RequestRows:
     def columns(self) -> dict[str, Column]:
         """The rows in rid order, column by column (REQUESTS_SCHEMA's); hands them over (once:
         the columns gathered here are let go)."""
+        cols, order = self.gathered()
+        return cols if order is None else {name: c.take(order) for name, c in cols.items()}
+
+    def gathered(self) -> tuple[dict[str, Column], np.ndarray | None]:
+        """The columns in the order the rows were added, and the order that sorts them by rid
+        (None: they are in it already); hands them over as columns() does. For a writer that
+        takes the rows in rid order a piece at a time: a replay's rows come in the order its
+        requests ended, and a sorted copy of its token times would be a second copy."""
         if self.scalars is None:
             raise RuntimeError("RequestRows: its rows were handed over already (table() or columns())")
         cols = {}
@@ -63,10 +71,8 @@ class RequestRows:
                 cols[f.name] = Column(f.type, np.frombuffer(values, _NUMPY[values.typecode]),
                                       None if valid.all() else valid, np.frombuffer(offsets, np.int64))
         order = np.argsort(cols["rid"].values, kind="stable")
-        self.scalars = self.lists = None  # handed over: a long run's token times are not held twice
-        if len(order) and (np.diff(order) != 1).any():
-            cols = {name: c.take(order) for name, c in cols.items()}
-        return cols
+        self.scalars = self.lists = None  # handed over
+        return cols, (order if len(order) and (np.diff(order) != 1).any() else None)
 
     def table(self) -> pa.Table:
         """columns() as an Arrow table."""

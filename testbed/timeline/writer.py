@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -29,10 +30,14 @@ def requests_table(reqs, keep_output_ids: bool, row=request_row, rows: RequestRo
 
 
 def _request_columns(reqs, keep_output_ids: bool, row, rows: RequestRows | None) -> dict[str, Column]:
+    return _gathered(reqs, keep_output_ids, row, rows).columns()
+
+
+def _gathered(reqs, keep_output_ids: bool, row, rows: RequestRows | None) -> RequestRows:
     rows = rows if rows is not None else RequestRows(keep_output_ids, row)
     for r in reqs:
         rows.add(r)
-    return rows.columns()
+    return rows
 
 
 def git_revision() -> str | None:
@@ -67,9 +72,24 @@ def write_parquet(t: pa.Table, path) -> None:
     """zstd, dictionary-encoding the string columns only (a run's numbers, token and step times,
     are nearly all distinct: hashing them for a dictionary the writer then drops took 3x the
     write's time, for a bigger file), in row groups of about ROW_GROUP_BYTES."""
-    strings = [f.name for f in t.schema if pa.types.is_string(f.type)]
-    pq.write_table(t, path, compression="zstd", use_dictionary=strings,
+    pq.write_table(t, path, compression="zstd", use_dictionary=_strings(t.schema),
                    row_group_size=max(1, ROW_GROUP_BYTES * t.num_rows // max(t.nbytes, 1)))
+
+
+def write_parquet_in_order(cols: dict[str, Column], order: np.ndarray | None, schema: pa.Schema, path) -> None:
+    """write_parquet of the columns' rows taken in `order` (None: as they are), a row group at a
+    time: only a row group's rows are ever copied into order."""
+    if order is None:
+        return write_parquet(table(cols, schema), path)
+    size = sum(c.values.nbytes if isinstance(c.values, np.ndarray) else 8 * len(c.values) for c in cols.values())
+    step = max(1, ROW_GROUP_BYTES * len(order) // max(size, 1))
+    with pq.ParquetWriter(path, schema, compression="zstd", use_dictionary=_strings(schema)) as w:
+        for a in range(0, len(order), step):
+            w.write_table(table({name: c.take(order[a:a + step]) for name, c in cols.items()}, schema))
+
+
+def _strings(schema: pa.Schema) -> list[str]:
+    return [f.name for f in schema if pa.types.is_string(f.type)]
 
 
 class WriteError(RuntimeError):
@@ -85,9 +105,11 @@ def write_run(out_dir: str | os.PathLike, reqs, steps: StepLog, config: dict, ex
     slo: the run's SLOConfig (goodput and SLO attainment), or None. row, rows: as requests_table's."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    req = _request_columns(reqs, keep_output_ids, row, rows)
+    # the rows as they were added (a replay's: as its requests ended), written in rid order a
+    # row group at a time; the metrics do not depend on the rows' order
+    req, order = _gathered(reqs, keep_output_ids, row, rows).gathered()
     step = steps.columns()
-    rt, st = table(req, REQUESTS_SCHEMA), table(step, STEPS_SCHEMA)
+    st = table(step, STEPS_SCHEMA)
     failed: dict[str, str] = {}  # file -> why it could not be written
 
     def attempt(name, write):
@@ -101,7 +123,7 @@ def write_run(out_dir: str | os.PathLike, reqs, steps: StepLog, config: dict, ex
                 tmp.unlink(missing_ok=True)
             except OSError:
                 pass
-    attempt("requests.parquet", lambda t: write_parquet(rt, t))
+    attempt("requests.parquet", lambda t: write_parquet_in_order(req, order, REQUESTS_SCHEMA, t))
     attempt("steps.parquet", lambda t: write_parquet(st, t))
     slos = (slo.ttft_ms, slo.tpot_ms, slo.e2e_ms) if slo is not None else ()
     times = req["token_times_s"]  # the token times stay flat: values and offsets
