@@ -10,7 +10,7 @@ import numpy as np
 from .arrivals import describe_arrivals, synthesize_arrivals
 from .base import Source, Trace, TraceRequest
 from .config import TraceConfig
-from .lazy_ids import WINDOW_TOKENS, IdWindows
+from .lazy_ids import IdWindows
 from .streams import SHUFFLE
 
 # ids(rows, rids, lens) -> one int32 array per row taken, of length lens[i] (the prompt
@@ -114,7 +114,7 @@ def assemble(name: str, rows: Rows, k: TraceConfig) -> Trace:
     runs = np.ones(n, bool)
     if info["rule"] == "reject":
         runs[info["rids"]] = False
-    source = IdWindows(name, rows.make_ids, take, rids, prompt, runs, WINDOW_TOKENS if rows.lazy_ids else np.inf)
+    source = IdWindows(name, rows.make_ids, take, rids, prompt, runs, None if rows.lazy_ids else np.inf)
     priority = rows.priority[take] if rows.priority is not None else np.zeros(n, dtype=np.int64)
     requests = [
         TraceRequest(rid=int(r), arrival_s=float(a), prompt_len=int(pl), output_len=int(o), priority=int(q),

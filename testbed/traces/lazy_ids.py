@@ -16,11 +16,11 @@ WINDOW_TOKENS = 1 << 18  # prompt tokens made at a time (at least one request)
 
 class IdWindows:
     def __init__(self, name: str, make_ids, take: np.ndarray, rids: np.ndarray, lens: np.ndarray,
-                 runs: np.ndarray, window_tokens: float = WINDOW_TOKENS):
+                 runs: np.ndarray, window_tokens: float | None = None):
         """make_ids(take, rids, lens) as Rows.make_ids; request i (rid rids[i] == i) is row
         take[i] with a prompt of lens[i] tokens; runs[i] False: it has no ids (rejected).
-        window_tokens: inf makes every request's ids in one call."""
-        self.name, self.window_tokens = name, window_tokens
+        window_tokens: WINDOW_TOKENS if None; inf makes every request's ids in one call."""
+        self.name, self.window_tokens = name, WINDOW_TOKENS if window_tokens is None else window_tokens
         self.make_ids, self.take, self.rids, self.lens, self.runs = make_ids, take, rids, lens, runs
         self.ends = np.cumsum(lens)  # the window of rid i ends where WINDOW_TOKENS more are made
         self.lo = self.hi = 0  # the window made last: rids lo..hi-1
