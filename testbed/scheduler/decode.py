@@ -61,27 +61,32 @@ class DecodeManager:
         TERMINAL = RequestState.FINISHED  # FINISHED, ABORTED, REJECTED are the largest states
         for r, n, s, c in zip(plan.reqs, plan.num_tokens, plan.samples.tolist(), plan.cached_lens.tolist()):
             r.inflight -= 1
-            if s:
+            if r.state < TERMINAL:
+                if not s:
+                    continue
                 tok = next(toks)
                 r.pending_tokens -= 1
-                if r.state >= TERMINAL:  # ended (abort, EOS) while this step was in flight: drop the token
-                    r.device_len -= 1
-                    r.cached_len = min(r.cached_len, r.device_len)  # no KV beyond the known tokens
-                else:
-                    out = r.output_ids
-                    out.append(tok)
-                    r.token_times.append(now)
-                    if r.first_token is None:
-                        r.first_token = now
-                    if len(out) >= r.max_new_tokens:
-                        self.finish(r, "length", now)
-                        ended.append(r)
-                    elif not r.ignore_eos and tok in r.eos_token_ids:
-                        self.finish(r, "eos", now)
-                        ended.append(r)
-                    elif n > 1 or c < r.prompt_len:  # this step finished a prefill (even a 1-token chunk)
+                out = r.output_ids
+                out.append(tok)
+                r.token_times.append(now)
+                if r.first_token is None:
+                    r.first_token = now
+                if len(out) >= r.max_new_tokens:
+                    self.finish(r, "length", now)
+                    ended.append(r)
+                elif not r.ignore_eos and tok in r.eos_token_ids:
+                    self.finish(r, "eos", now)
+                    ended.append(r)
+                else:  # still running: its KV stays
+                    if n > 1 or c < r.prompt_len:  # this step finished a prefill (even a 1-token chunk)
                         self.kv.share_prefill(r)
-            if r.state >= TERMINAL and r.row >= 0 and not r.inflight:
+                    continue
+            elif s:  # ended (abort, EOS) while this step was in flight: drop the token
+                next(toks)
+                r.pending_tokens -= 1
+                r.device_len -= 1
+                r.cached_len = min(r.cached_len, r.device_len)  # no KV beyond the known tokens
+            if r.row >= 0 and not r.inflight:  # terminal here: its KV goes once no step uses it
                 self.kv.release(r)
         if self.ending:
             self.ending = [r for r in self.ending if r.row >= 0]
