@@ -74,3 +74,23 @@ def test_rows_are_handed_over_once():
         rows.table()
     with pytest.raises(RuntimeError, match="handed over"):
         rows.add(ledger(1, 2))
+
+
+@pytest.mark.parametrize("row_group_bytes", [1, 1 << 22])
+def test_the_writer_takes_rows_in_rid_order_a_row_group_at_a_time(tmp_path, monkeypatch, row_group_bytes):
+    """requests.parquet from rows in the order their requests ended, written a row group at a
+    time (a row each, or all in one): the table of one dict per request, in rid order."""
+    import pyarrow.parquet as pq
+
+    import testbed.timeline.writer as writer
+    monkeypatch.setattr(writer, "ROW_GROUP_BYTES", row_group_bytes)
+    reqs = [ledger(rid, tokens) for rid, tokens in ((5, 3), (2, 9), (0, 1), (4, 0), (1, 6), (3, 2))]
+    rows = RequestRows(True)
+    for r in reqs:
+        rows.add(r)
+    cols, order = rows.gathered()
+    assert order is not None
+    writer.write_parquet_in_order(cols, order, REQUESTS_SCHEMA, tmp_path / "r.parquet")
+    f = pq.ParquetFile(tmp_path / "r.parquet")
+    assert f.read().equals(by_dicts(reqs, True))
+    assert f.metadata.num_row_groups == (6 if row_group_bytes == 1 else 1)

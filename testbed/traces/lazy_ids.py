@@ -22,7 +22,7 @@ class IdWindows:
         window_tokens: WINDOW_TOKENS if None; inf makes every request's ids in one call."""
         self.name, self.window_tokens = name, WINDOW_TOKENS if window_tokens is None else window_tokens
         self.make_ids, self.take, self.rids, self.lens, self.runs = make_ids, take, rids, lens, runs
-        self.ends = np.cumsum(lens)  # the window of rid i ends where WINDOW_TOKENS more are made
+        self.ends = np.cumsum(lens)  # a window starting at rid i ends where window_tokens more are made
         self.lo = self.hi = 0  # the window made last: rids lo..hi-1
         self.made: list = []
 
