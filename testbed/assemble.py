@@ -134,7 +134,7 @@ def requests_from(trace: Trace, spec: ModelSpec, engine_cfg) -> list[Request]:
     eos = tuple(spec.eos_token_ids)
     out = []
     for t in trace.requests:
-        lazy = t.lazy_ids()  # made as the request arrives (TraceFeed), not all up front
+        lazy = t.id_source  # the ids are made as the request arrives (TraceFeed), not all up front
         ids = None if lazy is not None else t.prompt_ids
         if ids is None and lazy is None and t.prompt_len + t.output_len <= spec.max_context:
             raise AssertionError(f"trace request {t.rid} has no token ids but fits the context {spec.max_context}")

@@ -570,7 +570,7 @@ def test_lazy_ids_are_the_makers_in_any_order(kw, monkeypatch):
     import testbed.traces.lazy_ids as lazy
     monkeypatch.setattr(lazy, "WINDOW_TOKENS", 3000)  # many windows, each of a few requests
     trace = load(**kw)
-    src = trace.requests[0].lazy_ids() or next(r.lazy_ids() for r in trace.requests if r.lazy_ids())
+    src = next(r.id_source for r in trace.requests if r.id_source is not None)
     assert all(r.made_ids is None for r in trace.requests)  # nothing made up front
     eager = lazy.IdWindows(src.name, src.make_ids, src.take, src.rids, src.lens, src.runs, math.inf)
     order = np.random.default_rng(0).permutation(len(trace.requests))

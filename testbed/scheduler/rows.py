@@ -42,7 +42,7 @@ class RowManager:
         in its making than the arithmetic it saved."""
         held = [r.num_pages for r in reqs]
         P = self.page_size
-        if P == 1:  # a decode needs a page exactly when its KV reaches the pages held
+        if P == 1:  # a comparison, not a max() call per item (this runs for every item every step)
             needs = [k if (k := r.cached_len + n - h) > 0 else 0 for r, n, h in zip(reqs, num_tokens, held)]
         else:
             needs = [max(0, -(-(r.cached_len + n) // P) - h) for r, n, h in zip(reqs, num_tokens, held)]

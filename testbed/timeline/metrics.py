@@ -160,8 +160,9 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame | None = None, slo_ttf
     if token_times is not None:
         flat, offsets = token_times
         lens = np.diff(offsets)
-        gaps = gaps_within(flat if finished.all() else flat[np.repeat(finished, lens)], lens[finished],
-                           in_place=not finished.all() or token_times_scratch)
+        every = bool(finished.all())  # else the finished ones' times are a copy of the run's to use up
+        gaps = gaps_within(flat if every else flat[np.repeat(finished, lens)], lens[finished],
+                           in_place=not every or token_times_scratch)
     out = {
         "num_requests": n,
         "completed": completed,

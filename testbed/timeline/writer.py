@@ -72,8 +72,8 @@ def write_parquet(t: pa.Table, path) -> None:
     """zstd, dictionary-encoding the string columns only (a run's numbers, token and step times,
     are nearly all distinct: hashing them for a dictionary the writer then drops took 3x the
     write's time, for a bigger file), in row groups of about ROW_GROUP_BYTES."""
-    pq.write_table(t, path, compression="zstd", use_dictionary=_strings(t.schema),
-                   row_group_size=max(1, ROW_GROUP_BYTES * t.num_rows // max(t.nbytes, 1)))
+    pq.write_table(t, path, row_group_size=max(1, ROW_GROUP_BYTES * t.num_rows // max(t.nbytes, 1)),
+                   **_options(t.schema))
 
 
 def write_parquet_in_order(cols: dict[str, Column], order: np.ndarray | None, schema: pa.Schema, path) -> None:
@@ -83,13 +83,14 @@ def write_parquet_in_order(cols: dict[str, Column], order: np.ndarray | None, sc
         return write_parquet(table(cols, schema), path)
     size = sum(c.values.nbytes if isinstance(c.values, np.ndarray) else 8 * len(c.values) for c in cols.values())
     step = max(1, ROW_GROUP_BYTES * len(order) // max(size, 1))
-    with pq.ParquetWriter(path, schema, compression="zstd", use_dictionary=_strings(schema)) as w:
+    with pq.ParquetWriter(path, schema, **_options(schema)) as w:
         for a in range(0, len(order), step):
             w.write_table(table({name: c.take(order[a:a + step]) for name, c in cols.items()}, schema))
 
 
-def _strings(schema: pa.Schema) -> list[str]:
-    return [f.name for f in schema if pa.types.is_string(f.type)]
+def _options(schema: pa.Schema) -> dict:
+    """Both writers' settings (write_parquet's docstring says why)."""
+    return {"compression": "zstd", "use_dictionary": [f.name for f in schema if pa.types.is_string(f.type)]}
 
 
 class WriteError(RuntimeError):

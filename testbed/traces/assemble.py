@@ -124,7 +124,7 @@ def assemble(name: str, rows: Rows, k: TraceConfig) -> Trace:
     ]
     if not rows.lazy_ids:  # made now, in one call: the notes say what the maker found
         for r in requests:
-            r.made_ids, r.id_source = source.ids(r.rid) if r.id_source is not None else None, None
+            r.make_ids()
         notes.extend(rows.notes[known:])
     return Trace(name=name, requests=requests, over_context=info, notes=notes, rows=total,
                  synthesized_arrivals=rows.arrival_s is None)

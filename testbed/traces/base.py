@@ -43,17 +43,17 @@ class TraceRequest:
     def prompt_ids(self) -> np.ndarray | None:
         """int32 token ids, len == prompt_len; None for a request the context rejects (rule
         reject): its ids are never made, however long its prompt."""
-        if self.id_source is not None:
-            self.made_ids, self.id_source = self.id_source.ids(self.rid), None
+        self.make_ids()
         return self.made_ids
 
     @prompt_ids.setter
     def prompt_ids(self, ids: np.ndarray | None) -> None:
         self.made_ids, self.id_source = ids, None
 
-    def lazy_ids(self):
-        """The source that will make this request's ids (its ids(rid)), if they are not made yet."""
-        return self.id_source
+    def make_ids(self) -> None:
+        """Take the ids from id_source, if they are not made yet."""
+        if self.id_source is not None:
+            self.made_ids, self.id_source = self.id_source.ids(self.rid), None
 
 
 @dataclass
