@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -38,7 +39,7 @@ def run(model: str, template: str, page_size: int) -> dict:
                 "engine.overlap=true", "progress=false", *WORKLOAD, f"engine.page_size={page_size}",
                 "engine.decode_tensor_cores=true", f"engine.prefill_backend={template}", f"hydra.run.dir={d}"]
         p = subprocess.run(args, cwd=ROOT, capture_output=True, text=True,
-                           env={**__import__("os").environ, "DECODE_TEMPLATE": template})
+                           env={**os.environ, "DECODE_TEMPLATE": template})
         if p.returncode != 0:
             return {"template": template, "page_size": page_size, "error": p.stderr[-1500:]}
         s = json.loads((Path(d) / "summary.json").read_text())
