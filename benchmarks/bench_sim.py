@@ -8,10 +8,11 @@ seconds from spawning the process until the driver's run() is entered (imports, 
 trace, scheduler and cost model built; the first step is next). Start-up is stamped by a
 two-line wrapper (STARTUP_WRAPPER) that both trees are run through, so it is measured the
 same way on a commit that logs no such time. Medians per tree and the ratio this / base of
-each figure go to benchmarks/results/sim_speed.json (with --only, the other workloads'
-entries already there are kept).
+each figure go to benchmarks/results/sim_speed.json, or --out (with --only, the other workloads'
+entries already there are kept). Against another base than b722c79, give another --out: the
+committed file is the issue's pairing with b722c79.
 
-    python benchmarks/bench_sim.py [--repeats 3] [--only vidur] [--base-commit b722c79]
+    python benchmarks/bench_sim.py [--repeats 3] [--only vidur] [--base-commit b722c79] [--out FILE]
 """
 from __future__ import annotations
 
@@ -45,7 +46,8 @@ WORKLOADS = {
     "synthetic_100k": ["trace=synthetic", "trace.num_requests=100000", "trace.rate=150", "policy=prefill_first",
                        "scheduler.max_running=1000", "engine.num_pages=2000000"],
 }
-# keys renamed since the base commit: this tree's name -> the base's
+# keys renamed since b722c79: this tree's name -> the old name, for a base tree without the
+# new one (its config has no `scheduler` limits)
 BASE_NAMES = {"scheduler.max_running": "policy.max_running"}
 
 # Runs `python -m testbed.run ARGS` with SimDriver.run stamped: the wall clock when the first
@@ -64,7 +66,11 @@ runpy.run_module("testbed.run", run_name="__main__", alter_sys=True)
 """
 
 
-def base_overrides(overrides: list[str]) -> list[str]:
+def base_overrides(overrides: list[str], base: Path) -> list[str]:
+    """The overrides in the base tree's names: renamed keys translated only where the base
+    predates the rename (a base of this tree's age takes them as they are)."""
+    if "scheduler: SchedulerLimits" in (base / "testbed" / "config.py").read_text():
+        return list(overrides)
     out = []
     for o in overrides:
         key, eq, value = o.partition("=")
@@ -126,12 +132,13 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="runs of each workload in each tree")
     ap.add_argument("--only", action="append", choices=sorted(WORKLOADS), help="run only this workload (repeatable)")
     ap.add_argument("--base-commit", default="b722c79")
-    ap.add_argument("--base-dir", type=Path, default=Path("/tmp/b722c79"), help="its worktree (made if missing)")
+    ap.add_argument("--base-dir", type=Path, default=None, help="its worktree (made if missing; default /tmp/<commit>)")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="results JSON (its other workloads' entries are kept)")
     a = ap.parse_args(argv)
     if a.repeats < 1:
         ap.error(f"--repeats must be >= 1, got {a.repeats}")
-    base = ensure_base(a.base_commit, a.base_dir.resolve())
-    results = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
+    base = ensure_base(a.base_commit, (a.base_dir or Path("/tmp") / a.base_commit).resolve())
+    results = json.loads(a.out.read_text()) if a.out.is_file() else {}
     this = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True).stdout.strip()
     today = datetime.date.today().isoformat()
@@ -140,7 +147,7 @@ def main(argv=None) -> int:
     workloads = results.setdefault("workloads", {})
     with tempfile.TemporaryDirectory() as tmp:
         for name in a.only or list(WORKLOADS):
-            ours, theirs = WORKLOADS[name], base_overrides(WORKLOADS[name])
+            ours, theirs = WORKLOADS[name], base_overrides(WORKLOADS[name], base)
             runs = {"base": [], "this": []}
             for i in range(a.repeats):  # alternately, so that noise hits both trees alike
                 for side, tree, ov in (("base", base, theirs), ("this", ROOT, ours)):
@@ -158,7 +165,7 @@ def main(argv=None) -> int:
                   f"{ratio['wall_s']:.3f} of the wall time; peak {med['this']['peak_mib']:.0f} vs "
                   f"{med['base']['peak_mib']:.0f} MiB; start-up {med['this']['startup_s']:.2f} vs "
                   f"{med['base']['startup_s']:.2f} s", flush=True)
-            RESULTS.write_text(json.dumps(results, indent=2) + "\n")  # after each workload: a long run keeps what is done
+            a.out.write_text(json.dumps(results, indent=2) + "\n")  # after each workload: a long run keeps what is done
     return 0
 
 
