@@ -9,7 +9,7 @@ profiler and sums each kernel's time in the step, so that the attention kernel a
 rows' merge can be set against the emulated plan's load (testbed/sim/costmodel/decode_plan.py).
 Writes one JSON (GPU only).
 
-    python benchmarks/exp_split_kv_kernels.py --out FILE [--sizes 96,128,144,160] [--context 1500]
+    python benchmarks/exp_split_kv_kernels.py --out FILE [--sizes 96,128,144,160] [--context 1500] [--shuffle SEED]
 """
 from __future__ import annotations
 
@@ -32,6 +32,9 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=1500, help="the patterns' mean context")
     ap.add_argument("--patterns", default="uniform,near,served,spread,skewed")
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--shuffle", type=int, default=None,
+                    help="permute each batch's rows with this seed: the plan's chunk and the KV stay, "
+                         "the blocks' placement on the SMs moves")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
 
@@ -59,6 +62,8 @@ def main() -> None:
     for size in [int(x) for x in a.sizes.split(",")]:
         for pat in a.patterns.split(","):
             ctx = np.full(size, a.context, np.int64) if pat == "uniform" else PATTERNS[pat](a.context, size)
+            if a.shuffle is not None:
+                ctx = np.random.default_rng(a.shuffle).permutation(ctx)
             ext, cac = np.ones(size, np.int64), ctx - 1
             hb = synthetic_host_batch(ext, cac, parts.slots, s.page_size, spec.vocab_size,
                                       interleave=DECODE_INTERLEAVE, pending=True)
@@ -75,7 +80,7 @@ def main() -> None:
                 if t:
                     kernels[e.key] = t / 3 / 1e6  # seconds a step
             lens = graph_lengths(ext, cac, size)
-            row = {"size": size, "pattern": pat, "kv": int(ctx.sum()), "longest": int(ctx.max()),
+            row = {"size": size, "pattern": pat, "shuffle": a.shuffle, "kv": int(ctx.sum()), "longest": int(ctx.max()),
                    "plan_load": plan.load(lens), "device_s": timed["device_s"], "free_s": timed["free_s"],
                    "kernels_s": dict(sorted(kernels.items(), key=lambda kv: -kv[1])[:12])}
             rows.append(row)
