@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_parts(steps: pd.DataFrame, cost) -> dict:
+    from testbed.fidelity.report import host_ratio  # the report's host-speed column, as it computes it
     p = cost.host_parts_arrays(steps["batch_reqs"], steps["prefill_tokens"] + steps["decode_tokens"],
                                steps["context_tokens"])
     dec = (steps["prefill_reqs"] == 0).to_numpy()
@@ -29,7 +30,7 @@ def run_parts(steps: pd.DataFrame, cost) -> dict:
         return float(np.median(steps[col].to_numpy()[mask] / np.asarray(p[part])[mask])) if mask.any() else None
 
     fit_host = np.asarray(p["host_s"]) + np.asarray(p["launch_s"])
-    return {"host_speed": float(np.median((steps["host_s"] + steps["launch_s"]).to_numpy() / fit_host)),
+    return {"host_speed": host_ratio(steps, cost),
             "decode_host": med("host_s", "host_s", dec), "decode_launch": med("launch_s", "launch_s", dec),
             "decode_complete": med("complete_s", "complete_s", dec),
             "prefill_host": med("host_s", "host_s", ~dec), "prefill_launch": med("launch_s", "launch_s", ~dec),
