@@ -70,6 +70,14 @@ def test_profiler_grid_keeps_within_limits():
     assert {sh.cached[0] for sh in skewed} >= {0, 12288} and all(sum(sh.extend) == 512 for sh in skewed)
     assert {fa2_plan(sh.extend, sh.cached, fa)[0] for sh in skewed} == {64, 128}
     assert all(max(sh.cached[1:]) > 2 * np.mean(sh.cached[1:]) for sh in skewed if len(sh.extend) > 16)
+    # mixed steps as `chunked` serves them (a budget-filling chunk beside serving-like decodes), at
+    # every fa2 query tile, with a mean packed query length on both sides of 64 several times over
+    served = [sh for sh in device_grid(2048, 256, [1, 2, 4, 8, 16], max_kv=1_000_000)
+              if sh.kind == "mixed" and sh.pattern == "served"]
+    assert served and all(sum(sh.extend) == 512 for sh in served)
+    assert {fa2_plan(sh.extend, sh.cached, fa)[0] for sh in served} == {16, 64, 128}
+    packed = [sum(sh.extend) * 2 // len(sh.extend) for sh in served]
+    assert sum(48 < p <= 64 for p in packed) >= 4 and sum(64 < p <= 96 for p in packed) >= 4
     # the eager base curve gets a fresh prompt at every piecewise-graph size within the limit
     pieces = [16, 32, 48, 400, 2048, 4096]
     fresh = {sum(sh.extend) for sh in device_grid(2048, 64, [1, 2, 4, 8, 16], 100_000, base_tokens=pieces)

@@ -56,6 +56,16 @@ SKEWED_MIXED_DECODES = (8, 12, 16, 20, 24, 32)
 SKEWED_MIXED_KV = (2048, 8192, 12288)
 SKEWED_MIXED_PREFIX = (0, 4096, 12288, 24576)
 SKEWED_MIXED_BUDGET = 512
+# mixed steps as the fidelity runs' `chunked` cells served them: a budget-filling chunk beside
+# decodes of a serving-like spread (fit.served_lengths), at decode counts that walk the fa2
+# plan's mean packed query length through both tile switches (for a 512 budget and 2 query heads a
+# KV head: 1024 / (decodes + 1)). The grid had 16 samples between 48 and 64 and none between 64
+# and 96, where 4,600 served steps lie, priced a median 6.8% low (48-64) and 1.1% high (64-80):
+# benchmarks/mixed_step_errors.py
+SERVED_MIXED_DECODES = (2, 4, 6, 8, 10, 12, 13, 14, 15, 16, 17, 18, 20, 24, 32, 48, 64, 96)
+SERVED_MIXED_KV = (512, 2048)
+SERVED_MIXED_PREFIX = (0, 1024)
+SERVED_MIXED_BUDGET = 512
 SPREAD_KV = (512, 1024, 2048, 8192)
 PADDED_KV = (512, 2048)  # a graph's fewest rows (most padding), uniform
 SKEWED_KV = (1024, 4096)  # decode rows of a log-normal spread of contexts (fit.skewed_lengths)
@@ -157,6 +167,13 @@ def device_grid(max_tokens: int, max_running: int, graph_sizes: list[int], max_k
                 for pre in SKEWED_MIXED_PREFIX:
                     if d < max_running and n <= max_tokens and 2 * int(lengths.sum()) + n + pre <= max_kv:
                         shapes.append(Shape("mixed", [n] + [1] * d, [pre] + (lengths - 1).tolist(), "skewed", L - 1))
+        for d in SERVED_MIXED_DECODES:
+            n = SERVED_MIXED_BUDGET - d
+            for L in SERVED_MIXED_KV:
+                lengths = PATTERNS["served"](L, d)
+                for pre in SERVED_MIXED_PREFIX:
+                    if d < max_running and n <= max_tokens and 2 * int(lengths.sum()) + n + pre <= max_kv:
+                        shapes.append(Shape("mixed", [n] + [1] * d, [pre] + (lengths - 1).tolist(), "served", L - 1))
     return shapes
 
 
