@@ -60,8 +60,9 @@ SKEWED_MIXED_BUDGET = 512
 # decodes of a serving-like spread (fit.served_lengths), at decode counts that walk the fa2
 # plan's mean packed query length through both tile switches (for a 512 budget and 2 query heads a
 # KV head: 1024 / (decodes + 1)). The grid had 16 samples between 48 and 64 and none between 64
-# and 96, where 4,600 served steps lie, priced a median 6.8% low (48-64) and 1.1% high (64-80):
-# benchmarks/mixed_step_errors.py
+# and 96, where 4,600 served steps lie, priced a median 6.8% low (48-64: most of them the Mooncake
+# cells' chunks over 6k-token prefixes, which the skewed family above covers) and 1.1% high
+# (64-80: ShareGPT's and Azure's short prefixes, which these cover): benchmarks/mixed_step_errors.py
 SERVED_MIXED_DECODES = (2, 4, 6, 8, 10, 12, 13, 14, 15, 16, 17, 18, 20, 24, 32, 48, 64, 96)
 SERVED_MIXED_KV = (512, 2048)
 SERVED_MIXED_PREFIX = (0, 1024)
