@@ -7,7 +7,7 @@ shows whether the host runs at one speed or switches between speeds, and, with t
 `sample`, what the engine's main thread and its CPU did in each window.
 
 On the GPU machine, the engine side of a few cells with the sampler beside it (every 50 ms: the
-process's CPU, that CPU's /proc/stat line, the process's /proc/<pid>/schedstat):
+CPU of the process's main thread, that CPU's /proc/stat line, the main thread's /proc/<pid>/schedstat):
 
     python benchmarks/fidelity_host_modes.py sample DIR/samples.txt -- \\
         python -m testbed.fidelity engine out=DIR repeats=2 cells=A,B
@@ -50,10 +50,10 @@ def sample(out: Path, cmd: list[str], every_s: float = 0.05) -> int:
                 stat = Path(f"/proc/{p.pid}/stat").read_text()
                 cpu = int(stat[stat.rindex(")") + 2:].split()[36])  # field 39, after the (comm)
                 on_ns, wait_ns, slices = map(int, Path(f"/proc/{p.pid}/schedstat").read_text().split())
-                line = next(ln for ln in Path("/proc/stat").read_text().splitlines() if ln.startswith(f"cpu{cpu} "))
+                line = next((ln for ln in Path("/proc/stat").read_text().splitlines() if ln.startswith(f"cpu{cpu} ")), "")
             except (FileNotFoundError, ProcessLookupError, ValueError):
                 break  # the process ended between poll() and the reads
-            ticks = dict(zip(STAT_FIELDS, map(int, line.split()[1:9])))
+            ticks = dict(zip(STAT_FIELDS, map(int, line.split()[1:9])))  # none for a CPU /proc/stat lacks
             f.write(json.dumps({"t": time.monotonic(), "cpu": cpu, "oncpu_ns": on_ns, "runq_wait_ns": wait_ns,
                                 "slices": slices, **ticks}) + "\n")
             time.sleep(every_s)
