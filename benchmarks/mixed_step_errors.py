@@ -6,8 +6,8 @@ tile, 16 / 64 / 128, fit.fa2_plan): where the served steps are and where the gri
     python benchmarks/mixed_step_errors.py [--profile FILE] [--dirs DIR,DIR] [--model qwen3_0_6b] [--out FILE]
 
 No GPU: the steps are rebuilt from the runs' files (testbed/fidelity/batches.py). --profile: a
-profile file for every cell of the model (default: each cell's own, the committed one when the
-plan names none); --dirs: fidelity directories with plan.json and runs/ (default: the report's
+profile file for every cell of the model and for the grid rows (default: the committed one,
+for plans that name no other); --dirs: fidelity directories with plan.json and runs/ (default: the report's
 and the eighth start's)."""
 from __future__ import annotations
 
@@ -41,6 +41,9 @@ def served_rows(dirs, model: str, profile: str | None, group: int):
                 continue
             if profile is not None:
                 cell.profile = profile
+            elif cell.profile:  # the grid rows below are the committed profile's: one profile for both
+                raise SystemExit(f"error: {d / 'plan.json'} names profile {cell.profile!r} for {cell.name}; "
+                                 f"pass --profile FILE to price every cell and the grid by one profile")
             for run in engine_runs(d, cell):
                 cost = cell_cost_model(run, cell)
                 reqs, steps = pd.read_parquet(run / "requests.parquet"), pd.read_parquet(run / "steps.parquet")
