@@ -63,9 +63,9 @@ def sample(out: Path, cmd: list[str], every_s: float = 0.05) -> int:
 def run_windows(run: Path, cost, samples: pd.DataFrame | None) -> pd.DataFrame:
     """A row per window of one run: its steps' median host speed and, with samples, the CPU the
     engine's main thread was on, that CPU's steal and idle ticks, and the thread's run-queue wait."""
+    from testbed.fidelity.report import step_host_ratios  # the report's host-speed column, per step
     s = pd.read_parquet(run / "steps.parquet")
-    p = cost.host_parts_arrays(s["batch_reqs"], s["prefill_tokens"] + s["decode_tokens"], s["context_tokens"])
-    ratio = (s["host_s"] + s["launch_s"]).to_numpy() / (np.asarray(p["host_s"]) + np.asarray(p["launch_s"]))
+    ratio = step_host_ratios(s, cost)
     win = (s["start_s"].to_numpy() // WINDOW_S).astype(int)
     g = pd.DataFrame({"window": win, "ratio": ratio, "reqs": s["batch_reqs"].to_numpy()}).groupby("window")
     w = g.agg(steps=("ratio", "size"), host_speed=("ratio", "median"), median_batch=("reqs", "median")).reset_index()

@@ -54,14 +54,16 @@ def evaluate(out: Path, cells) -> dict:
     return res
 
 
-def host_ratio(s: pd.DataFrame, cost) -> float | None:
-    """Median over a run's steps (steps.parquet) of the engine's host time (host_s + launch_s)
-    over the profile's host fit for the same step: how fast the engine's host ran (1.0 = as
-    profiled)."""
-    if not len(s):
-        return None
+def step_host_ratios(s: pd.DataFrame, cost) -> np.ndarray:
+    """Per step of a run (steps.parquet): the engine's host time (host_s + launch_s) over the
+    profile's host fit for the same step (1.0 = as profiled)."""
     p = cost.host_parts_arrays(s["batch_reqs"], s["prefill_tokens"] + s["decode_tokens"], s["context_tokens"])
-    return float(np.median((s["host_s"] + s["launch_s"]) / (p["host_s"] + p["launch_s"])))
+    return (s["host_s"] + s["launch_s"]).to_numpy() / (np.asarray(p["host_s"]) + np.asarray(p["launch_s"]))
+
+
+def host_ratio(s: pd.DataFrame, cost) -> float | None:
+    """How fast the engine's host ran over a run: the median of step_host_ratios (None: no steps)."""
+    return float(np.median(step_host_ratios(s, cost))) if len(s) else None
 
 
 def pct(v) -> str:
