@@ -161,20 +161,17 @@ def device_grid(max_tokens: int, max_running: int, graph_sizes: list[int], max_k
                         if d < max_running and n <= max_tokens and 2 * d * L + n + pre <= max_kv:
                             shapes.append(Shape("mixed", [n] + [1] * d, [pre] + (spread_lengths(L, d) - 1).tolist(),
                                                 "spread", L - 1))
-        for d in SKEWED_MIXED_DECODES:
-            n = SKEWED_MIXED_BUDGET - d
-            for L in SKEWED_MIXED_KV:
-                lengths = skewed_lengths(L, d)
-                for pre in SKEWED_MIXED_PREFIX:
-                    if d < max_running and n <= max_tokens and 2 * int(lengths.sum()) + n + pre <= max_kv:
-                        shapes.append(Shape("mixed", [n] + [1] * d, [pre] + (lengths - 1).tolist(), "skewed", L - 1))
-        for d in SERVED_MIXED_DECODES:
-            n = SERVED_MIXED_BUDGET - d
-            for L in SERVED_MIXED_KV:
-                lengths = PATTERNS["served"](L, d)
-                for pre in SERVED_MIXED_PREFIX:
-                    if d < max_running and n <= max_tokens and 2 * int(lengths.sum()) + n + pre <= max_kv:
-                        shapes.append(Shape("mixed", [n] + [1] * d, [pre] + (lengths - 1).tolist(), "served", L - 1))
+        # budget-filling chunks beside decodes: the skewed family (long prefixes), then the served one
+        for pattern, decodes, kvs, prefixes, budget in (
+                ("skewed", SKEWED_MIXED_DECODES, SKEWED_MIXED_KV, SKEWED_MIXED_PREFIX, SKEWED_MIXED_BUDGET),
+                ("served", SERVED_MIXED_DECODES, SERVED_MIXED_KV, SERVED_MIXED_PREFIX, SERVED_MIXED_BUDGET)):
+            for d in decodes:
+                n = budget - d
+                for L in kvs:
+                    lengths = PATTERNS[pattern](L, d)
+                    for pre in prefixes:
+                        if d < max_running and n <= max_tokens and 2 * int(lengths.sum()) + n + pre <= max_kv:
+                            shapes.append(Shape("mixed", [n] + [1] * d, [pre] + (lengths - 1).tolist(), pattern, L - 1))
     return shapes
 
 
