@@ -3,7 +3,7 @@
 the simulator's error the host's speed explains. A diagnostic, not the calibration: the speed
 comes from the very runs the simulator is judged against.
 
-    python benchmarks/fidelity_at_host_speed.py [--out benchmarks/results/fidelity/at_host_speed.json]
+    python benchmarks/fidelity_at_host_speed.py [--dir benchmarks/results/fidelity] [--out DIR/at_host_speed.json]
 """
 from __future__ import annotations
 
@@ -28,12 +28,13 @@ def main(argv=None) -> int:
     from testbed.run import run
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=FID / "at_host_speed.json")
+    ap.add_argument("--dir", type=Path, default=FID, help="a fidelity directory with its report (fidelity.json)")
+    ap.add_argument("--out", type=Path, default=None, help="JSON to write (default DIR/at_host_speed.json)")
     a = ap.parse_args(argv)
-    committed = json.loads((FID / "fidelity.json").read_text())["cells"]
+    committed = json.loads((a.dir / "fidelity.json").read_text())["cells"]
     rows = {}
-    for cell in read_plan(FID / "plan.json"):
-        runs = [json.loads((p / "summary.json").read_text()) for p in engine_runs(FID, cell)]
+    for cell in read_plan(a.dir / "plan.json"):
+        runs = [json.loads((p / "summary.json").read_text()) for p in engine_runs(a.dir, cell)]
         speed = float(np.mean(committed[cell.name]["host_ratio"]))
         with tempfile.TemporaryDirectory() as d:
             s = run(compose(sim_overrides(cell, runs[0]) + [f"costmodel.host_scale={speed}"]), f"{d}/sim",
@@ -45,7 +46,7 @@ def main(argv=None) -> int:
     summary = {"cells_within_5pct_on_all": int((err.max(1) <= 0.05).sum()), "cells": len(rows),
                "median_abs_error": dict(zip(HEADLINE, map(float, np.median(err, 0)))),
                "worst": float(err.max())}
-    a.out.write_text(json.dumps({"summary": summary, "cells": rows}, indent=1) + "\n")
+    (a.out or a.dir / "at_host_speed.json").write_text(json.dumps({"summary": summary, "cells": rows}, indent=1) + "\n")
     print(json.dumps(summary, indent=1))
     return 0
 

@@ -7,8 +7,8 @@ tile, 16 / 64 / 128, fit.fa2_plan): where the served steps are and where the gri
 
 No GPU: the steps are rebuilt from the runs' files (testbed/fidelity/batches.py). --profile: a
 profile file for every cell of the model and for the grid rows (default: the committed one,
-for plans that name no other); --dirs: fidelity directories with plan.json and runs/ (default: the report's
-and the eighth start's)."""
+for plans that name no other); --dirs: fidelity directories with plan.json and runs/ (default: the runs of
+2026-12-01, same_start_1201/, and the report's, the eighth start's)."""
 from __future__ import annotations
 
 import argparse
@@ -82,7 +82,7 @@ def table(rows) -> pd.DataFrame:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--profile", type=Path, default=None)
-    ap.add_argument("--dirs", default=f"{FID},{FID / 'start8'}")
+    ap.add_argument("--dirs", default=f"{FID / 'same_start_1201'},{FID}")
     ap.add_argument("--model", default="qwen3_0_6b")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-ENGINE_RUN = REPO / "benchmarks/results/fidelity/runs/qwen3_0_6b-chunked-sharegpt-light/r1"
+ENGINE_RUN = REPO / "benchmarks/results/fidelity/same_start_1201/runs/qwen3_0_6b-chunked-sharegpt-light/r1"
 VLLM_KEYS = {  # what vllm bench serve --save-result writes (benchmarks/serve.py), less text and audio
     "date", "endpoint_type", "backend", "label", "model_id", "tokenizer_id", "num_prompts", "request_rate",
     "burstiness", "max_concurrency", "duration", "completed", "failed", "total_input_tokens",

@@ -13,6 +13,8 @@ import pandas as pd
 from testbed.fidelity.batches import device_error_table, step_device_errors
 from testbed.fidelity.compare import HEADLINE, METRICS, cell_errors, label, step_table
 
+REPO = Path(__file__).resolve().parents[2]
+
 
 def engine_runs(out: Path, cell) -> list[Path]:
     return sorted(p for p in (out / "runs" / cell.name).glob("r*") if (p / "summary.json").is_file())
@@ -105,7 +107,7 @@ def markdown(res: dict, out: Path, profile_info: dict, device: dict) -> str:
                + f"; host fitted on the machine starts of {', '.join(v['host_starts'])}"
                for m, v in profile_info.items()],
              f"- engine runs: one machine start, recorded at {engine_start(out)} (`runs/machine.json`)", "",
-             "Reproduce the simulator side (no GPU): `python -m testbed.fidelity report out=benchmarks/results/fidelity`. "
+             f"Reproduce the simulator side (no GPU): `python -m testbed.fidelity report out={shown_dir(out)}`. "
              "The engine side (a GPU): `python -m testbed.fidelity engine out=DIR`.", "",
              f"Worst headline error: {worst(res):.1%}; worst engine spread on those metrics: "
              f"{worst(res, what='spread'):.1%}.", "",
@@ -239,6 +241,12 @@ def cell_cost_model(run: Path, cell):
     from testbed.config import compose
     cfg = compose(sim_overrides(cell, json.loads((run / "summary.json").read_text())))
     return assemble.cost_model(cfg, assemble.model_spec(cfg))[0]
+
+
+def shown_dir(out: Path) -> str:
+    """The report's directory as its reader types it: relative to the repo when inside it."""
+    out = out.resolve()
+    return str(out.relative_to(REPO)) if out.is_relative_to(REPO) else str(out)
 
 
 def engine_start(out: Path) -> str:
