@@ -69,7 +69,7 @@ def main(argv):
     free0 = torch.cuda.mem_get_info(dev)[0]
     t0 = time.perf_counter()
     s = dataclasses.replace(assemble.engine_settings(cfg, spec), piecewise_graphs=True)
-    pieces = make_pieces(s, parts.model, dev, slots // s.page_size)
+    pieces = make_pieces(s, parts.model, dev, slots // s.page_size, spec.max_context)
     capture_s = time.perf_counter() - t0
     graph_mem = free0 - torch.cuda.mem_get_info(dev)[0]
     rows = cfg.scheduler.max_running * 2

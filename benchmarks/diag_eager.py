@@ -33,7 +33,7 @@ def main(argv):
     slots = kv_slots(s, model, dev)
     create_pool(model, slots, 1)
     graphs = make_graphs(s, model, dev, slots, spec.max_context)
-    ex = EngineExecutor(model, dev, 256, None, None, graphs, make_pieces(s, model, dev, slots))
+    ex = EngineExecutor(model, dev, 256, None, None, graphs, make_pieces(s, model, dev, slots, spec.max_context))
     warm_up(ex, slots, 1, spec.vocab_size, 8192, 256)
     hb = synthetic_host_batch([450] + [1] * 80, [0] + [2500] * 80, slots, 1, spec.vocab_size)
     samp = greedy_sampling(81)

@@ -13,6 +13,8 @@ slots), then empty requests (no rows) up to the slots. Its plan differs from the
 query tile comes from the most rows one request could have, not from the batch's mean, and
 the KV is always split, so its device time is measured here too. The graph ends with the LM
 head on each slot's last row (a fixed index buffer), which the piecewise path runs eagerly.
+The graphs are the engine's (testbed/engine/whole_graphs.py, engine.whole_prefill_graphs, which
+gives them prefill-only steps); here every shape, mixed ones too, runs in one.
 
 For each shape: host time to enqueue the step (device held busy, so the enqueue never waits),
 the step's device time (CUDA events, the device held until it is enqueued), medians; and the
@@ -46,77 +48,8 @@ SHAPES = [
     ("chunk 448 + 14 decodes", [448] + [1] * 14, [2048] + [200 + 150 * i for i in range(14)]),
     ("prompts 4 x 60", [60] * 4, [0] * 4),
 ]
-SLOTS = (2, 4, 8, 16)  # request slots of a full graph: the batch and its padding request fit
-MAX_PAGES = 1 << 16  # a full graph's KV page-id buffer: any shape above fits
-
-
-class FullGraph:
-    """One eager step of up to `s` tokens and `slots - 1` requests as a single CUDA graph."""
-
-    def __init__(self, pw, backend, s: int, slots: int, max_pages: int, pool):
-        import flashinfer
-        import torch
-
-        self.pw, self.backend, self.s, self.slots = pw, backend, s, slots
-        dev = pw.device
-        i32 = dict(dtype=torch.int32, device=dev)
-        self.wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-            backend.workspace, kv_layout="NHD", use_cuda_graph=True, backend=backend.prefill_backend,
-            qo_indptr_buf=torch.empty(slots + 1, **i32), paged_kv_indptr_buf=torch.empty(slots + 1, **i32),
-            paged_kv_indices_buf=torch.empty(max_pages, **i32), paged_kv_last_page_len_buf=torch.empty(slots, **i32))
-        # planned once with the most rows one request can hold: the graph's grid and query tile
-        self.plan([s - (slots - 1)] + [1] * (slots - 1), [s - (slots - 1)] + [1] * (slots - 1),
-                  torch.full((s,), pw.scratch_slot, **i32))
-        fns = [pw._piece_fn(s, i) for i in range(pw.num_layers + 1)]
-        # each slot's last row (the head's input): the padding and empty slots take the last row
-        self.last = torch.full((slots,), s - 1, dtype=torch.int64, device=dev)
-
-        def step():
-            fns[0]()
-            for layer in range(pw.num_layers):
-                self.wrapper.run(pw.q[:s], backend.pool.paged(layer), out=pw.o[:s])
-                fns[layer + 1]()
-            return pw.model.head(pw.x[:s], pw.res[:s], self.last)
-        step()  # once outside the graph (allocations, autotuning)
-        torch.cuda.synchronize(dev)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
-            self.logits = step()
-        torch.cuda.synchronize(dev)
-
-    def plan(self, qo_lens, kv_lens, kv_indices) -> None:
-        import torch
-        qo = torch.zeros(len(qo_lens) + 1, dtype=torch.int32)
-        qo[1:] = torch.tensor(qo_lens, dtype=torch.int32).cumsum(0)
-        kv = torch.zeros(len(kv_lens) + 1, dtype=torch.int32)
-        kv[1:] = torch.tensor(kv_lens, dtype=torch.int32).cumsum(0)
-        b = self.backend  # page size 1: a page a token, every last page full
-        self.wrapper.plan(qo, kv, kv_indices, torch.ones(len(kv_lens), dtype=torch.int32), b.num_qo_heads,
-                          b.num_kv_heads, b.head_dim, 1, causal=True, **b._options())
-
-    def run(self, fb, ext, cac):
-        """Logits of the batch: its requests, the padding request, empty ones up to the slots."""
-        self.prepare(fb, ext, cac)
-        self.graph.replay()
-        return self.logits[:len(ext)]
-
-    def prepare(self, fb, ext, cac) -> None:
-        """Plan the batch's attention and copy its tokens into the fixed buffers."""
-        import torch
-        pw, s, T = self.pw, self.s, fb.num_tokens
-        pad = s - T
-        empty = self.slots - len(ext) - 1
-        qo = list(ext) + [pad] + [0] * empty
-        kvl = [int(e + c) for e, c in zip(ext, cac)] + [max(pad, 1)] + [1] * empty
-        scratch = torch.full((max(pad, 1) + empty,), pw.scratch_slot, dtype=torch.int32, device=pw.device)
-        self.plan(qo, kvl, torch.cat([fb.kv_indices.to(pw.device, torch.int32), scratch]))
-        pw.ids[:T].copy_(fb.input_ids)
-        pw.pos[:T].copy_(fb.positions)
-        pw.loc[:T].copy_(fb.out_cache_loc)
-        if pad:
-            pw.loc[T:s].fill_(pw.scratch_slot)
-        qo_host = torch.tensor(np.cumsum(ext) - 1, dtype=torch.int64)
-        self.last[:len(ext)].copy_(qo_host, non_blocking=True)
+SLOTS = (2, 4, 8, 16)  # request slots of a whole-step graph: the batch and its padding request fit
+MAX_PAGES = 1 << 16  # the graphs' KV page-id buffer: any shape above fits
 
 
 def main() -> None:
@@ -134,6 +67,7 @@ def main() -> None:
     from testbed.engine.executor import EngineExecutor
     from testbed.engine.profiler import _sleep_cycles_per_s
     from testbed.engine.synthetic_batch import synthetic_host_batch
+    from testbed.engine.whole_graphs import INT_WORKSPACE_BYTES, WholeStepGraph
 
     cfg = compose([f"model={a.model}", "model.weights=dummy", "backend=engine"])
     spec = assemble.model_spec(cfg)
@@ -143,6 +77,8 @@ def main() -> None:
     pw, backend = parts.pieces, parts.model.attn_backend
     cps = _sleep_cycles_per_s(parts.device)
     pool = torch.cuda.graph_pool_handle()
+    kv_indices = torch.empty(MAX_PAGES, dtype=torch.int32, device=parts.device)
+    int_workspace = torch.empty(INT_WORKSPACE_BYTES, dtype=torch.uint8, device=parts.device)
     t0 = time.perf_counter()
     graphs = {}
     rows = []
@@ -173,17 +109,17 @@ def main() -> None:
         slots = next(k for k in SLOTS if k >= len(ext) + 1)
         if (s, slots) not in graphs:
             with torch.inference_mode():
-                graphs[(s, slots)] = FullGraph(pw, backend, s, slots, MAX_PAGES, pool)
+                graphs[(s, slots)] = WholeStepGraph(pw, s, slots, int_workspace, kv_indices, pool)
         full = graphs[(s, slots)]
         with torch.inference_mode():
             ref = pw.run(fb).float()
-            got = full.run(fb, ext, cac).float()
+            got = full.run(fb).float()
             rel = float((got - ref).abs().max() / ref.abs().max())
             agree = float((got.argmax(-1) == ref.argmax(-1)).float().mean())
             pl, pd = measure(lambda: pw.run(fb))
-            fl, fd = measure(lambda: full.run(fb, ext, cac))
+            fl, fd = measure(lambda: full.run(fb))
         with torch.inference_mode():  # where a step's host time goes
-            parts_s = {"full_prepare": measure(lambda: full.prepare(fb, ext, cac))[0],
+            parts_s = {"full_prepare": measure(lambda: full.prepare(fb))[0],
                        "replay": measure(full.graph.replay)[0],
                        "piecewise_head": measure(lambda: pw.model.head(pw.x[:s], pw.res[:s], fb.last_token_index()))[0],
                        "piecewise_prepare": measure(lambda: backend.prepare(fb))[0]}

@@ -79,6 +79,31 @@ def test_fits_up_to_the_largest_size(tmp_path):
     assert pieces.fits(small) and not pieces.fits(big)
 
 
+def test_whole_step_graphs_take_the_steps_whose_query_tile_they_plan_alike():
+    """engine.whole_prefill_graphs replays an eager step of up to its largest size and fewer
+    requests than its slots when the graph's plan (tile from the most rows one request could
+    hold) and the eager plan (from the mean) pick the same query tile; the graphs themselves are
+    captured on the GPU (benchmarks/exp_full_graph_eager.py)."""
+    from types import SimpleNamespace
+
+    from testbed.engine.whole_graphs import WholePrefillGraphs, query_tile
+    assert [query_tile(x) for x in (1, 16, 17, 64, 65)] == [16, 16, 64, 64, 128]
+    whole = object.__new__(WholePrefillGraphs)  # fits() reads only these; building captures on CUDA
+    sizes = token_sizes(64)
+    whole.pieces = SimpleNamespace(size_for=lambda t: next(x for x in sizes if x >= t))
+    whole.max_tokens, whole.slots, whole.group, whole.max_kv = 64, (2, 4), 2, 3 * 100 + 64 + 4
+
+    def fits(ext, cac):
+        return whole.fits(synthetic_host_batch(ext, cac, SLOTS, 1, 256).fb)
+    assert fits([40], [0]) and fits([64], [0]) and not fits([65], [0])  # its largest size
+    assert fits([30, 1], [0, 50]) and fits([10, 10, 10], [0, 20, 40])  # tile 64 both ways
+    assert not fits([2], [30])  # eager tile 16 (4 packed rows), the graph's 64 (15 rows could be one's)
+    assert not fits([4, 1, 1], [0, 30, 60])  # a short chunk beside decodes: 16 against 64
+    assert not fits([1, 1], [10, 20])  # a decode step: the decode graphs'
+    assert not fits([10, 10, 10, 10], [0] * 4)  # more requests than the slots hold beside the padding
+    assert not fits([50], [310]) and fits([50], [150])  # its page-id buffer
+
+
 def test_a_pending_synthetic_batch_reads_its_decode_ids_from_the_last_tokens(tmp_path):
     """The profiler's grid steps gather their decode rows' ids on the device as served steps
     do: the same step with those ids written in computes the same tokens."""

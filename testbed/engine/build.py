@@ -95,7 +95,7 @@ def build_parts(s: EngineSettings, spec, tp=None) -> EngineParts:
     create_pool(model, slots, s.page_size)
     num_pages = slots // s.page_size
     graphs = make_graphs(s, model, device, num_pages, spec.max_context)
-    pieces = make_pieces(s, model, device, num_pages)
+    pieces = make_pieces(s, model, device, num_pages, spec.max_context)
     return EngineParts(device, model, slots, graphs, pieces, report)
 
 
@@ -134,9 +134,10 @@ def make_graphs(s: EngineSettings, model, device, num_pages: int, max_context: i
                         max_pages_per_req=-(-max_context // s.page_size))
 
 
-def make_pieces(s: EngineSettings, model, device, num_pages: int):
-    """Piecewise CUDA graphs of the eager steps, or None (CPU, or engine.piecewise_graphs=false).
-    Every TP rank captures the same sizes."""
+def make_pieces(s: EngineSettings, model, device, num_pages: int, max_context: int):
+    """Piecewise CUDA graphs of the eager steps, or None (CPU, or engine.piecewise_graphs=false),
+    with the prefill steps captured whole (engine.whole_prefill_graphs). Every TP rank captures
+    the same sizes."""
     if device.type != "cuda" or not s.piecewise_graphs:
         return None
     from testbed.engine.piecewise_graphs import PiecewiseGraphs
@@ -144,4 +145,10 @@ def make_pieces(s: EngineSettings, model, device, num_pages: int):
     pieces = PiecewiseGraphs(model, device, s.max_step_tokens, scratch_slot=num_pages * s.page_size)
     log.info("piecewise CUDA graphs: %d sizes up to %d tokens, %d graphs in %.1f s", len(pieces.sizes),
              pieces.max_tokens, pieces.num_graphs, time.perf_counter() - t0)
+    if s.whole_prefill_graphs:
+        from testbed.engine.whole_graphs import WholePrefillGraphs
+        t0 = time.perf_counter()
+        pieces.whole = WholePrefillGraphs(pieces, max_context)
+        log.info("whole prefill CUDA graphs: %d up to %d tokens in %.1f s", pieces.whole.num_graphs,
+                 pieces.whole.max_tokens, time.perf_counter() - t0)
     return pieces
