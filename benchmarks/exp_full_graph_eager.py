@@ -13,7 +13,7 @@ slots), then empty requests (no rows) up to the slots. Its plan differs from the
 query tile comes from the most rows one request could have, not from the batch's mean, and
 the KV is always split, so its device time is measured here too. The graph ends with the LM
 head on each slot's last row (a fixed index buffer), which the piecewise path runs eagerly.
-The graphs are the engine's (testbed/engine/whole_graphs.py, engine.whole_prefill_graphs, which
+The graphs are the engine's (testbed/engine/whole_graphs.py, engine.whole_step_graphs, which
 gives them prefill-only steps); here every shape, mixed ones too, runs in one.
 
 For each shape: host time to enqueue the step (device held busy, so the enqueue never waits),

@@ -236,7 +236,7 @@ def engine_settings(cfg, spec: ModelSpec):
         decode_tensor_cores=e.decode_tensor_cores, prefill_backend=e.prefill_backend,
         weights="dummy" if m.weights == "dummy" else m.path, seed=cfg.seed, page_size=e.page_size,
         num_pages=e.num_pages, mem_fraction=e.mem_fraction, cuda_graph_max_bs=e.cuda_graph_max_bs,
-        piecewise_graphs=e.piecewise_graphs, whole_prefill_graphs=e.whole_prefill_graphs, warmup=e.warmup,
+        piecewise_graphs=e.piecewise_graphs, whole_step_graphs=e.whole_step_graphs, warmup=e.warmup,
         overlap=resolved_overlap(cfg),
         max_running=lim.max_running, max_step_tokens=lim.max_step_tokens, tp=e.tp, debug_plan_hash=e.debug_plan_hash,
         cpu_threads=e.cpu_threads)

@@ -114,7 +114,7 @@ class EngineConfig:
     # (testbed/engine/whole_graphs.py): their launch 0.3-1.1 ms instead of 1.1-2.5 ms on the H200,
     # their device time 0-3% longer; needs the piecewise graphs, flashinfer and page size 1.
     # Off: the committed profiles and fidelity runs were measured without it
-    whole_prefill_graphs: bool = False
+    whole_step_graphs: bool = False
     warmup: bool = True  # run every kind of step once before the first arrival (GPU: compile outside the clock)
     ignore_eos: bool = True  # generate every request's output length from the trace, past EOS
     temperature: float = 0.0  # sampling of every request; 0: greedy
@@ -151,9 +151,9 @@ class EngineConfig:
         check_kernels(self.kernels)
         if self.prefill_backend not in PREFILL_BACKENDS:
             _bad("engine.prefill_backend", self.prefill_backend, ", ".join(PREFILL_BACKENDS))
-        if self.whole_prefill_graphs and not (self.piecewise_graphs and self.page_size == 1
+        if self.whole_step_graphs and not (self.piecewise_graphs and self.page_size == 1
                                               and self.resolved_attention() == "flashinfer"):
-            raise ValueError("engine.whole_prefill_graphs=true needs engine.piecewise_graphs=true, "
+            raise ValueError("engine.whole_step_graphs=true needs engine.piecewise_graphs=true, "
                              f"engine.page_size=1 and engine.attention=flashinfer (got {self.piecewise_graphs}, "
                              f"{self.page_size}, {self.resolved_attention()})")
         if self.cpu_threads is not None and not (isinstance(self.cpu_threads, int) and self.cpu_threads >= 1):

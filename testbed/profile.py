@@ -99,7 +99,7 @@ def deployment(cfg, spec) -> dict:
                    "prefill_backend": e.prefill_backend, "decode_tensor_cores": e.decode_tensor_cores,
                    "max_running": lim.max_running, "max_step_tokens": lim.max_step_tokens,
                    # recorded when on: the profiles measured before the option have no such key
-                   **({"whole_prefill_graphs": True} if e.whole_prefill_graphs else {})},
+                   **({"whole_step_graphs": True} if e.whole_step_graphs else {})},
         "policy": dataclasses.asdict(cfg.policy),
     }
 
@@ -144,7 +144,7 @@ def refit(path: Path, out: Path | None, host_from: list[Path] = (), device_from:
                                                      "cuda_graph_max_bs", "prefill_backend")]
         overrides += recorded_limits_and_policy(old)
         overrides.append(f"engine.piecewise_graphs={e.get('piecewise_graphs', False)}")  # older profiles: none
-        overrides.append(f"engine.whole_prefill_graphs={e.get('whole_prefill_graphs', False)}")
+        overrides.append(f"engine.whole_step_graphs={e.get('whole_step_graphs', False)}")
         cfg = compose(overrides)
         def same_deployment(p, what):
             other = load_profile(p.resolve())

@@ -148,7 +148,7 @@ def test_a_users_file_is_used_whole_and_the_table_says_what_was_left_out(tmp_pat
     (["+foo=3"], "foo is not a setting; the settings: backend, policy,"),
     (["-m", "trace.rate=1,2", "eviction=arc"], "eviction='arc' is unknown; allowed: fifo, lfu, lru"),
     (["engine.prefill_backend=fa4"], "engine.prefill_backend"),
-    (["engine.whole_prefill_graphs=true", "engine.page_size=16"], "engine.whole_prefill_graphs=true needs "
+    (["engine.whole_step_graphs=true", "engine.page_size=16"], "engine.whole_step_graphs=true needs "
      "engine.piecewise_graphs=true, engine.page_size=1 and engine.attention=flashinfer (got True, 16,"),
     (["model.config_path=/nope/config.json"], "/nope/config.json"),
     (["slo.ttft_ms=-5"], "slo.ttft_ms=-5.0 is invalid; allowed: null (no SLO) or a number of milliseconds > 0"),

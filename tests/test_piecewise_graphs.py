@@ -80,15 +80,16 @@ def test_fits_up_to_the_largest_size(tmp_path):
 
 
 def test_whole_step_graphs_take_the_steps_whose_query_tile_they_plan_alike():
-    """engine.whole_prefill_graphs replays an eager step of up to its largest size and fewer
+    """engine.whole_step_graphs replays an eager step of up to its largest size and fewer
     requests than its slots when the graph's plan (tile from the most rows one request could
     hold) and the eager plan (from the mean) pick the same query tile; the graphs themselves are
     captured on the GPU (benchmarks/exp_full_graph_eager.py)."""
     from types import SimpleNamespace
 
-    from testbed.engine.whole_graphs import WholePrefillGraphs, query_tile
-    assert [query_tile(x) for x in (1, 16, 17, 64, 65)] == [16, 16, 64, 64, 128]
-    whole = object.__new__(WholePrefillGraphs)  # fits() reads only these; building captures on CUDA
+    from testbed.engine.whole_graphs import WholeStepGraphs
+    from testbed.sim.costmodel.fit import fa2_query_tile
+    assert [fa2_query_tile(x) for x in (1, 16, 17, 64, 65)] == [16, 16, 64, 64, 128]
+    whole = object.__new__(WholeStepGraphs)  # fits() reads only these; building captures on CUDA
     sizes = token_sizes(64)
     whole.pieces = SimpleNamespace(size_for=lambda t: next(x for x in sizes if x >= t))
     whole.max_tokens, whole.slots, whole.group, whole.max_kv = 64, (2, 4), 2, 3 * 100 + 64 + 4

@@ -136,7 +136,7 @@ def make_graphs(s: EngineSettings, model, device, num_pages: int, max_context: i
 
 def make_pieces(s: EngineSettings, model, device, num_pages: int, max_context: int):
     """Piecewise CUDA graphs of the eager steps, or None (CPU, or engine.piecewise_graphs=false),
-    with the prefill steps captured whole (engine.whole_prefill_graphs). Every TP rank captures
+    with the prefill steps captured whole (engine.whole_step_graphs). Every TP rank captures
     the same sizes."""
     if device.type != "cuda" or not s.piecewise_graphs:
         return None
@@ -145,10 +145,10 @@ def make_pieces(s: EngineSettings, model, device, num_pages: int, max_context: i
     pieces = PiecewiseGraphs(model, device, s.max_step_tokens, scratch_slot=num_pages * s.page_size)
     log.info("piecewise CUDA graphs: %d sizes up to %d tokens, %d graphs in %.1f s", len(pieces.sizes),
              pieces.max_tokens, pieces.num_graphs, time.perf_counter() - t0)
-    if s.whole_prefill_graphs:
-        from testbed.engine.whole_graphs import WholePrefillGraphs
+    if s.whole_step_graphs:
+        from testbed.engine.whole_graphs import WholeStepGraphs
         t0 = time.perf_counter()
-        pieces.whole = WholePrefillGraphs(pieces, max_context)
-        log.info("whole prefill CUDA graphs: %d up to %d tokens in %.1f s", pieces.whole.num_graphs,
+        pieces.whole = WholeStepGraphs(pieces, max_context)
+        log.info("whole-step CUDA graphs: %d up to %d tokens in %.1f s", pieces.whole.num_graphs,
                  pieces.whole.max_tokens, time.perf_counter() - t0)
     return pieces

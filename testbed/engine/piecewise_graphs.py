@@ -68,7 +68,7 @@ class PiecewiseGraphs:
         self.res = torch.zeros(n, cfg.hidden_size, dtype=dt, device=device)
         self.x = torch.zeros_like(self.res)
         self.pieces: dict[int, list] = {}
-        self.whole = None  # the prefill steps captured whole (whole_graphs.py), when the engine has them
+        self.whole = None  # the eager steps captured whole (whole_graphs.py), when the engine has them
         pool = torch.cuda.graph_pool_handle() if capture else None
         for s in reversed(self.sizes):  # largest first: the smaller sizes reuse its memory
             fns = [self._piece_fn(s, i) for i in range(self.num_layers + 1)]

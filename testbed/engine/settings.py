@@ -21,7 +21,7 @@ class EngineSettings:
     mem_fraction: float
     cuda_graph_max_bs: int  # 0: no decode graphs
     piecewise_graphs: bool
-    whole_prefill_graphs: bool  # needs piecewise_graphs (the config checks it)
+    whole_step_graphs: bool  # needs piecewise_graphs (the config checks it)
     warmup: bool
     overlap: bool  # the host prepares step N+1 while the device runs step N
     max_running: int  # scheduler.max_running: page-table rows, the largest decode batch

@@ -1,5 +1,5 @@
-"""Prefill steps as one CUDA graph each, attention and LM head included
-(``engine.whole_prefill_graphs``; flashinfer on CUDA).
+"""Eager steps (prefill chunks, alone or beside a few decodes) as one CUDA graph each,
+attention and LM head included (``engine.whole_step_graphs``; flashinfer on CUDA).
 
 Why: a piecewise eager step (testbed/engine/piecewise_graphs.py) still enqueues L + 1 graphs, L
 attention calls and an eager LM head: 1.1-2.4 ms of host time on the H200 machine, against
@@ -17,8 +17,8 @@ read back), then empty requests (no rows) up to k.
 
 Which steps: those whose query tile the graph's plan picks as the eager plan would. The graph
 plan takes its tile from the most rows one request of the graph could hold, the eager plan from
-the batch's mean rows (flashinfer's rule: packed rows > 64 -> 128, > 16 -> 64, else 16;
-fit.fa2_plan emulates it). Where they differ (a short chunk beside many decode rows) the graph
+the batch's mean rows (flashinfer's rule, fit.fa2_query_tile: packed rows > 64 -> 128, > 16 ->
+64, else 16). Where they differ (a short chunk beside many decode rows) the graph
 ran 7-15% longer on Qwen3-0.6B; where they agree 0-3% (a chunk beside three decodes +0.9%).
 At light load in `chunked` most prefill chunks run beside a few decodes, so those are taken
 too, up to 3 requests (SLOTS); the light fidelity cells' chunks ran beside a median of 4-5
@@ -32,22 +32,20 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["MAX_TOKENS", "SLOTS", "WholePrefillGraphs", "WholeStepGraph", "query_tile"]
+from testbed.sim.costmodel.fit import fa2_query_tile
+
+__all__ = ["MAX_TOKENS", "SLOTS", "WholeStepGraphs", "WholeStepGraph"]
 
 MAX_TOKENS = 1024  # light-load prompts and `chunked`'s budget-sized chunks
 
-
-def query_tile(packed_rows: int) -> int:
-    """flashinfer's fa2 query tile for a (mean or most) packed query length."""
-    return 128 if packed_rows > 64 else 64 if packed_rows > 16 else 16
 SLOTS = (2, 4)  # request slots: batches of 1-3 requests (one slot is the padding request's)
 INT_WORKSPACE_BYTES = 1 << 20  # a plan of <= 1,024 rows over <= 4 requests needs a few KB
 
 
 class WholeStepGraph:
     """One step of up to `s` tokens and `slots` - 1 requests, captured whole. Any batch of
-    those sizes replays in it (benchmarks/exp_full_graph_eager.py runs mixed ones too); the
-    engine gives it prefill-only ones (WholePrefillGraphs.fits)."""
+    those sizes replays in it (benchmarks/exp_full_graph_eager.py runs any); the engine gives it
+    the steps WholeStepGraphs.fits takes."""
 
     def __init__(self, pieces, s: int, slots: int, int_workspace: torch.Tensor, kv_indices: torch.Tensor, pool):
         import flashinfer
@@ -117,9 +115,9 @@ class WholeStepGraph:
         return self.logits[:fb.batch_size]
 
 
-class WholePrefillGraphs:
-    """The captured prefill steps of a PiecewiseGraphs (whose fixed buffers and pieces they
-    replay); ``run(fb)`` as ``PiecewiseGraphs.run`` for the steps ``fits`` accepts."""
+class WholeStepGraphs:
+    """The whole-step graphs of a PiecewiseGraphs (whose fixed buffers and pieces they replay);
+    ``run(fb)`` as ``PiecewiseGraphs.run`` for the steps ``fits`` takes."""
 
     def __init__(self, pieces, max_context: int, max_tokens: int = MAX_TOKENS, slots=SLOTS):
         """max_context: the longest request (prompt + output) the engine holds."""
@@ -154,7 +152,7 @@ class WholePrefillGraphs:
             return False
         k = next(k for k in self.slots if k > b)
         most = self.pieces.size_for(T) - k + 1  # the graph's most rows for one request
-        return query_tile(T * self.group // b) == query_tile(most * self.group)
+        return fa2_query_tile(T * self.group // b) == fa2_query_tile(most * self.group)
 
     @torch.inference_mode()
     def run(self, fb) -> torch.Tensor:

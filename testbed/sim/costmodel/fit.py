@@ -157,6 +157,12 @@ class Fa2Shape:
     page_size: int = 1
 
 
+def fa2_query_tile(packed_rows: int) -> int:
+    """The fa2 plan's query tile for a packed query length (the batch's mean in an eager plan;
+    the most rows a request could hold in a CUDA-graph plan, testbed/engine/whole_graphs.py)."""
+    return 128 if packed_rows > 64 else 64 if packed_rows > 16 else 16
+
+
 def fa2_plan(extend, cached, fa: Fa2Shape) -> tuple[int, int, int]:
     """(query tile, KV chunk in tokens, work items) of flashinfer's fa2 batch-prefill plan: the
     query tile from the mean packed query length (tokens x group: > 64 -> 128, > 16 -> 64,
@@ -167,8 +173,7 @@ def fa2_plan(extend, cached, fa: Fa2Shape) -> tuple[int, int, int]:
     n = np.asarray(extend, np.int64)
     kv = np.maximum(-(-(n + np.asarray(cached, np.int64)) // fa.page_size), 1)  # pages
     packed = n * fa.group
-    avg = int(packed.sum()) // len(n)
-    tile = 128 if avg > 64 else 64 if avg > 16 else 16
+    tile = fa2_query_tile(int(packed.sum()) // len(n))
     tiles = -(-packed // tile)
     limit = max(1, 2 * fa.num_sms // fa.kv_heads)
     lo, hi = max(128 // fa.page_size, 1), int(kv.max())
