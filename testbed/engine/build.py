@@ -136,7 +136,7 @@ def make_graphs(s: EngineSettings, model, device, num_pages: int, max_context: i
 
 def make_pieces(s: EngineSettings, model, device, num_pages: int, max_context: int):
     """Piecewise CUDA graphs of the eager steps, or None (CPU, or engine.piecewise_graphs=false),
-    with the prefill steps captured whole (engine.whole_step_graphs). Every TP rank captures
+    with eager steps of a few requests captured whole (engine.whole_step_graphs). Every TP rank captures
     the same sizes."""
     if device.type != "cuda" or not s.piecewise_graphs:
         return None
