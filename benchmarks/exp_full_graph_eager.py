@@ -25,7 +25,6 @@ logits of the two paths compared. Writes one JSON (GPU only).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
@@ -61,21 +60,12 @@ def main() -> None:
 
     import torch
 
-    from testbed import assemble
-    from testbed.config import compose
-    from testbed.engine.build import build_warm_parts
-    from testbed.engine.executor import EngineExecutor
-    from testbed.engine.profiler import _sleep_cycles_per_s
+    from probe_engine import probe_engine
     from testbed.engine.synthetic_batch import synthetic_host_batch
     from testbed.engine.whole_graphs import INT_WORKSPACE_BYTES, WholeStepGraph
 
-    cfg = compose([f"model={a.model}", "model.weights=dummy", "backend=engine"])
-    spec = assemble.model_spec(cfg)
-    st = dataclasses.replace(assemble.engine_settings(cfg, spec), warmup=True)
-    parts = build_warm_parts(st, spec)
-    ex = EngineExecutor(parts.model, parts.device, st.max_running, None, None, parts.graphs, parts.pieces)
+    spec, st, parts, ex, cps = probe_engine(a.model)
     pw, backend = parts.pieces, parts.model.attn_backend
-    cps = _sleep_cycles_per_s(parts.device)
     pool = torch.cuda.graph_pool_handle()
     kv_indices = torch.empty(MAX_PAGES, dtype=torch.int32, device=parts.device)
     int_workspace = torch.empty(INT_WORKSPACE_BYTES, dtype=torch.uint8, device=parts.device)

@@ -14,7 +14,6 @@ Writes one JSON (GPU only).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -41,21 +40,13 @@ def main() -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from testbed import assemble
-    from testbed.config import compose
-    from testbed.engine.build import build_warm_parts
-    from testbed.engine.executor import EngineExecutor
-    from testbed.engine.profiler import DECODE_INTERLEAVE, _sleep_cycles_per_s, decode_plan, time_host_batch
+    from probe_engine import probe_engine
+    from testbed.engine.profiler import DECODE_INTERLEAVE, decode_plan, time_host_batch
     from testbed.engine.synthetic_batch import greedy_sampling, synthetic_host_batch
     from testbed.sim.costmodel.decode_plan import DecodePlan
     from testbed.sim.costmodel.fit import PATTERNS, graph_lengths
 
-    cfg = compose([f"model={a.model}", "model.weights=dummy", "backend=engine"])
-    spec = assemble.model_spec(cfg)
-    s = dataclasses.replace(assemble.engine_settings(cfg, spec), warmup=True)
-    parts = build_warm_parts(s, spec)
-    ex = EngineExecutor(parts.model, parts.device, s.max_running, None, None, parts.graphs, parts.pieces)
-    cps = _sleep_cycles_per_s(parts.device)
+    spec, s, parts, ex, cps = probe_engine(a.model)
     plan_info = decode_plan(parts.graphs, spec, s.page_size, parts.device)
     plan = DecodePlan(**plan_info)
     rows = []
