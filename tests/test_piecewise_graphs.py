@@ -89,13 +89,15 @@ def test_whole_step_graphs_take_the_steps_whose_query_tile_they_plan_alike():
     from testbed.engine.whole_graphs import WholeStepGraphs
     from testbed.sim.costmodel.fit import fa2_query_tile
     assert [fa2_query_tile(x) for x in (1, 16, 17, 64, 65)] == [16, 16, 64, 64, 128]
-    whole = object.__new__(WholeStepGraphs)  # fits() reads only these; building captures on CUDA
+    whole = object.__new__(WholeStepGraphs)  # key() reads only these; building captures on CUDA
     sizes = token_sizes(64)
     whole.pieces = SimpleNamespace(size_for=lambda t: next(x for x in sizes if x >= t))
     whole.max_tokens, whole.slots, whole.group, whole.max_kv = 64, (2, 4), 2, 3 * 100 + 64 + 4
 
     def fits(ext, cac):
-        return whole.fits(synthetic_host_batch(ext, cac, SLOTS, 1, 256).fb)
+        return whole.key(synthetic_host_batch(ext, cac, SLOTS, 1, 256).fb) is not None
+    assert whole.key(synthetic_host_batch([40], [0], SLOTS, 1, 256).fb) == (48, 2)  # padded tokens, slots
+    assert whole.key(synthetic_host_batch([10] * 3, [0, 20, 40], SLOTS, 1, 256).fb) == (32, 4)
     assert fits([40], [0]) and fits([64], [0]) and not fits([65], [0])  # its largest size
     assert fits([30, 1], [0, 50]) and fits([10, 10, 10], [0, 20, 40])  # tile 64 both ways
     assert not fits([2], [30])  # eager tile 16 (4 packed rows), the graph's 64 (15 rows could be one's)

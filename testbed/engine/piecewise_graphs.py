@@ -124,8 +124,9 @@ class PiecewiseGraphs:
     @torch.inference_mode()
     def run(self, fb: ForwardBatch) -> torch.Tensor:
         """Logits [requests, vocab] of the batch, as ``model(fb)`` computes them."""
-        if self.whole is not None and self.whole.fits(fb):
-            return self.whole.run(fb)
+        key = self.whole.key(fb) if self.whole is not None else None
+        if key is not None:
+            return self.whole.graphs[key].run(fb)
         T = fb.num_tokens
         s = self.size_for(T)
         self.ids[:T].copy_(fb.input_ids)

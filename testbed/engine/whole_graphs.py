@@ -45,7 +45,7 @@ INT_WORKSPACE_BYTES = 1 << 20  # a plan of <= 1,024 rows over <= 4 requests need
 class WholeStepGraph:
     """One step of up to `s` tokens and `slots` - 1 requests, captured whole. Any batch of
     those sizes replays in it (benchmarks/exp_full_graph_eager.py runs any); the engine gives it
-    the steps WholeStepGraphs.fits takes."""
+    the steps WholeStepGraphs.key takes."""
 
     def __init__(self, pieces, s: int, slots: int, int_workspace: torch.Tensor, kv_indices: torch.Tensor, pool):
         import flashinfer
@@ -86,7 +86,7 @@ class WholeStepGraph:
         qo[1:] = torch.from_numpy(np.cumsum(qo_lens).astype(np.int32))
         kv = torch.zeros(len(kv_lens) + 1, dtype=torch.int32)
         kv[1:] = torch.from_numpy(np.cumsum(kv_lens).astype(np.int32))
-        # page size 1 (fits() asks it): a page a token, every last page full
+        # page size 1 (key() asks it): a page a token, every last page full
         self.wrapper.plan(qo, kv, kv_indices, torch.ones(len(kv_lens), dtype=torch.int32), b.num_qo_heads,
                           b.num_kv_heads, b.head_dim, 1, causal=True, **b._options())
 
@@ -116,8 +116,8 @@ class WholeStepGraph:
 
 
 class WholeStepGraphs:
-    """The whole-step graphs of a PiecewiseGraphs (whose fixed buffers and pieces they replay);
-    ``run(fb)`` as ``PiecewiseGraphs.run`` for the steps ``fits`` takes."""
+    """The whole-step graphs of a PiecewiseGraphs (whose fixed buffers and pieces they replay):
+    ``graphs[key(fb)].run(fb)`` as ``PiecewiseGraphs.run(fb)`` for the steps ``key`` takes."""
 
     def __init__(self, pieces, max_context: int, max_tokens: int = MAX_TOKENS, slots=SLOTS):
         """max_context: the longest request (prompt + output) the engine holds."""
@@ -142,21 +142,15 @@ class WholeStepGraphs:
     def num_graphs(self) -> int:
         return len(self.graphs)
 
-    def fits(self, fb) -> bool:
-        """An eager step of at most max_tokens tokens and fewer requests than the most slots,
-        whose graph plans the query tile its eager plan would (the module docstring says why)."""
+    def key(self, fb) -> tuple[int, int] | None:
+        """(padded tokens, request slots) of the graph that runs this step, or None (it stays
+        piecewise): an eager step of at most max_tokens tokens and fewer requests than the most
+        slots, whose graph plans the query tile its eager plan would (the module docstring says why)."""
         T, b = fb.num_tokens, fb.batch_size
         if fb.is_decode or fb.page_size != 1 or not 0 < T <= self.max_tokens or b >= self.slots[-1]:
-            return False
+            return None
         if int(fb.host_kv_indptr()[-1]) + self.max_tokens + self.slots[-1] > self.max_kv:
-            return False
-        k = next(k for k in self.slots if k > b)
-        most = self.pieces.size_for(T) - k + 1  # the graph's most rows for one request
-        return fa2_query_tile(T * self.group // b) == fa2_query_tile(most * self.group)
-
-    @torch.inference_mode()
-    def run(self, fb) -> torch.Tensor:
-        """Logits [requests, vocab] of the batch."""
-        ext = np.diff(fb.host_qo_indptr().numpy())
-        k = next(k for k in self.slots if k > len(ext))
-        return self.graphs[(self.pieces.size_for(fb.num_tokens), k)].run(fb)
+            return None
+        s, k = self.pieces.size_for(T), next(k for k in self.slots if k > b)
+        most = s - k + 1  # the graph's most rows for one request
+        return (s, k) if fa2_query_tile(T * self.group // b) == fa2_query_tile(most * self.group) else None
