@@ -186,6 +186,25 @@ def test_fidelity_engine_report_and_check_on_the_cpu(cpu_profile, tmp_path):
     assert p.returncode == 1 and "smol-chunked-synthetic-light mean_ttft_ms" in p.stdout
 
 
+def test_fidelity_engine_builds_one_engine_per_model_and_engine_settings(monkeypatch, tmp_path):
+    """Cells that share a model and engine settings share one warmed engine; a cell whose
+    overrides change the engine (here its whole-step graphs) is not run on another's."""
+    from testbed import assemble
+    from testbed import run as run_module
+    from testbed.fidelity.cells import Cell
+    from testbed.fidelity.engine_side import run_engine_cells
+    built, ran = [], []
+    monkeypatch.setattr(assemble, "engine_parts", lambda cfg: built.append(cfg.engine.overlap) or len(built))
+    monkeypatch.setattr(run_module, "run", lambda cfg, d, engine_parts, **kw: ran.append(engine_parts) or {
+        "metrics": {"completed": 1, "duration_s": 1.0, "mean_ttft_ms": 1.0, "mean_tpot_ms": 1.0}})
+    cell = lambda name, extra: Cell(name=name, model="smollm2_135m", policy="chunked", trace="synthetic",
+                                    load="light", capacity_rps=1.0, rate_rps=1.0, num_requests=1,
+                                    overrides=SMOL_CPU + ["policy=chunked"] + extra)
+    cells = [cell("a", []), cell("b", []), cell("c", ["engine.overlap=true"]), cell("d", [])]
+    assert run_engine_cells(cells, tmp_path, repeats=2) == []
+    assert built == [False, True, False] and ran == [1, 1, 1, 1, 2, 2, 3, 3]
+
+
 def test_host_ratio_is_measured_host_time_over_the_profiles_fit():
     """The report's host-speed column: 1.0 for steps that took what the profile predicts."""
     import pandas as pd

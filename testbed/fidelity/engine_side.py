@@ -1,5 +1,6 @@
 """The engine side of the experiment (a GPU machine): every cell of the plan run `repeats`
-times, back to back, on one model load per model (warmed up once), each run into
+times, back to back, on one model load per model and engine settings (warmed up once; a cell
+whose overrides change the engine's settings gets its own), each run into
 DIR/runs/<cell>/r<k>/ (requests.parquet, steps.parquet, summary.json; no output ids)."""
 from __future__ import annotations
 
@@ -21,16 +22,17 @@ def run_engine_cells(cells, out: Path, repeats: int = 2) -> list[str]:
     from testbed.run import run
 
     failed = []
-    parts, parts_model = None, None
+    parts, parts_key = None, None
     for cell in cells:
         cfg = compose(cell.overrides + ["backend=engine"])
-        if parts_model != cell.model:
+        key = repr(assemble.engine_settings(cfg, assemble.model_spec(cfg)))
+        if parts_key != key:
             parts = None  # free the last model before loading the next
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
             parts = assemble.engine_parts(cfg)
-            parts_model = cell.model
+            parts_key = key
         for k in range(1, repeats + 1):
             d = out / "runs" / cell.name / f"r{k}"
             t0 = time.perf_counter()
