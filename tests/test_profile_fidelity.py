@@ -194,15 +194,18 @@ def test_fidelity_engine_builds_one_engine_per_model_and_engine_settings(monkeyp
     from testbed.fidelity.cells import Cell
     from testbed.fidelity.engine_side import run_engine_cells
     built, ran = [], []
-    monkeypatch.setattr(assemble, "engine_parts", lambda cfg: built.append(cfg.engine.overlap) or len(built))
+    monkeypatch.setattr(assemble, "engine_parts",
+                        lambda cfg: built.append((cfg.model.name, cfg.engine.overlap)) or len(built))
     monkeypatch.setattr(run_module, "run", lambda cfg, d, engine_parts, **kw: ran.append(engine_parts) or {
         "metrics": {"completed": 1, "duration_s": 1.0, "mean_ttft_ms": 1.0, "mean_tpot_ms": 1.0}})
-    cell = lambda name, extra: Cell(name=name, model="smollm2_135m", policy="chunked", trace="synthetic",
-                                    load="light", capacity_rps=1.0, rate_rps=1.0, num_requests=1,
-                                    overrides=SMOL_CPU + ["policy=chunked"] + extra)
-    cells = [cell("a", []), cell("b", []), cell("c", ["engine.overlap=true"]), cell("d", [])]
+    def cell(name, extra, model="smollm2_135m"):
+        return Cell(name=name, model=model, policy="chunked", trace="synthetic", load="light", capacity_rps=1.0,
+                    rate_rps=1.0, num_requests=1, overrides=SMOL_CPU + ["policy=chunked"] + extra + [f"model={model}"])
+    cells = [cell("a", []), cell("b", []), cell("c", ["engine.overlap=true"]), cell("d", []),
+             cell("e", [], model="qwen3_0_6b")]  # the same engine settings, another model
     assert run_engine_cells(cells, tmp_path, repeats=2) == []
-    assert built == [False, True, False] and ran == [1, 1, 1, 1, 2, 2, 3, 3]
+    assert built == [("smollm2_135m", False), ("smollm2_135m", True), ("smollm2_135m", False), ("qwen3_0_6b", False)]
+    assert ran == [1, 1, 1, 1, 2, 2, 3, 3, 4, 4]
 
 
 def test_host_ratio_is_measured_host_time_over_the_profiles_fit():

@@ -25,7 +25,7 @@ def run_engine_cells(cells, out: Path, repeats: int = 2) -> list[str]:
     parts, parts_key = None, None
     for cell in cells:
         cfg = compose(cell.overrides + ["backend=engine"])
-        key = repr(assemble.engine_settings(cfg, assemble.model_spec(cfg)))
+        key = (cell.model, repr(assemble.engine_settings(cfg, assemble.model_spec(cfg))))  # settings omit the model
         if parts_key != key:
             parts = None  # free the last model before loading the next
             gc.collect()
