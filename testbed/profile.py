@@ -98,10 +98,16 @@ def deployment(cfg, spec) -> dict:
                    "dtype": e.dtype, "overlap": resolved_overlap(cfg), "cuda_graph_max_bs": e.cuda_graph_max_bs,
                    "prefill_backend": e.prefill_backend, "decode_tensor_cores": e.decode_tensor_cores,
                    "max_running": lim.max_running, "max_step_tokens": lim.max_step_tokens,
-                   # recorded when on: the profiles measured before the option have no such key
-                   **({"whole_step_graphs": True} if e.whole_step_graphs else {})},
+                   # recorded when on (the profiles measured before the option have no such key), with
+                   # what the simulator needs to tell the steps it takes (fit.whole_step_rule)
+                   **({"whole_step_graphs": whole_step_record()} if e.whole_step_graphs else {})},
         "policy": dataclasses.asdict(cfg.policy),
     }
+
+
+def whole_step_record() -> dict:
+    from testbed.engine.whole_graphs import MAX_TOKENS, SLOTS
+    return {"max_tokens": MAX_TOKENS, "slots": list(SLOTS)}
 
 
 def prefill_plan(cfg, spec, raw: dict):
@@ -144,7 +150,7 @@ def refit(path: Path, out: Path | None, host_from: list[Path] = (), device_from:
                                                      "cuda_graph_max_bs", "prefill_backend")]
         overrides += recorded_limits_and_policy(old)
         overrides.append(f"engine.piecewise_graphs={e.get('piecewise_graphs', False)}")  # older profiles: none
-        overrides.append(f"engine.whole_step_graphs={e.get('whole_step_graphs', False)}")
+        overrides.append(f"engine.whole_step_graphs={bool(e.get('whole_step_graphs'))}")
         cfg = compose(overrides)
         def same_deployment(p, what):
             other = load_profile(p.resolve())
@@ -177,7 +183,10 @@ def refit(path: Path, out: Path | None, host_from: list[Path] = (), device_from:
                "decode_plan": next((g["device"]["graph"]["plan"] for g in grids
                                     if (g["device"]["graph"] or {}).get("plan")), None)}
         spec = assemble.model_spec(cfg)
-        prof = fit_profile(raw, deployment(cfg, spec), spec, prefill_plan(cfg, spec, raw), name=old["name"])
+        dep = deployment(cfg, spec)
+        if e.get("whole_step_graphs"):  # the rule it was measured with, not this tree's
+            dep["engine"]["whole_step_graphs"] = e["whole_step_graphs"]
+        prof = fit_profile(raw, dep, spec, prefill_plan(cfg, spec, raw), name=old["name"])
         prof["fitted_on"] = __import__("datetime").date.today().isoformat()
         if host_from:
             prof["host_machines"] = starts  # the machine starts whose host workloads were fitted

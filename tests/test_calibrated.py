@@ -361,6 +361,42 @@ def test_host_fit_takes_woken_steps_apart_as_wake_factors():
     assert "wake" not in fit_host([dict(r, idle_s=0.0) for r in rows], max_graph=64)
 
 
+def test_whole_step_graph_steps_get_their_own_launch_fit_and_the_model_uses_it():
+    """A profile measured with engine.whole_step_graphs: the eager steps its rule takes (the
+    engine's rule, fit.WholeStepRule) launch at their own cost, the others at the eager one."""
+    from testbed.sim.costmodel.calibrated import load_profile
+    from testbed.sim.costmodel.fit import WholeStepRule, fit_host
+    prof = json.loads(json.dumps(load_profile(PROFILE), default=str))
+    pieces = prof["device"]["eager"]["piece_sizes"]
+    rule = WholeStepRule(tuple(s for s in pieces if s <= 1024), (2, 4, 8, 16), QWEN.num_q_heads // QWEN.num_kv_heads)
+    rng = np.random.default_rng(2)
+    rows = []
+    for i in range(900):
+        b = int(rng.integers(1, 40))
+        prefill = i % 3 == 0
+        tok = int(rng.integers(b + 1, 2048)) if prefill else b
+        whole = prefill and rule.graph(tok, b) is not None
+        launch = 5e-4 + 2e-5 * b if whole else (1.5e-3 + 1e-5 * b + 1e-6 * tok if prefill else 2e-4)
+        rows.append({"batch_reqs": b, "prefill_reqs": int(prefill), "prefill_tokens": tok - b if prefill else 0,
+                     "decode_tokens": b, "context_tokens": 500 * b + tok, "duration_s": 1e-3,  # tokens: both
+                     "host_s": 3e-4, "launch_s": launch, "complete_s": 5e-5, "idle_s": 0.0})
+    fits = fit_host(rows, max_graph=64, whole=rule)
+    assert fits["launch_whole"] == pytest.approx({"const": 5e-4, "reqs": 2e-5}, rel=0.02)
+    assert fits["launch_eager"]["const"] == pytest.approx(1.5e-3, rel=0.02)
+    prof["engine"]["whole_step_graphs"] = {"max_tokens": 1024, "slots": [2, 4, 8, 16]}
+    prof["host"] = {"all": fits}
+    model = CalibratedCostModel(QWEN, load_hardware("h200"), profile=prof)
+    taken, untaken = [500, 1, 1, 1], [1500, 1, 1]  # a chunk beside 3 decodes; one beyond the graphs' tokens
+    assert rule.graph(503, 4) and not rule.graph(1502, 3)
+    assert model.step_cost(taken, [0, 90, 90, 90]).launch == pytest.approx(5e-4 + 2e-5 * 4, rel=0.02)
+    assert model.step_cost(untaken, [0, 90, 90]).launch == pytest.approx(1.5e-3 + 3e-5 + 1.502e-3, rel=0.02)
+    parts = model.host_parts_arrays([4, 3], [503, 1502], [773, 1772])
+    assert parts["launch_s"] == pytest.approx([5e-4 + 8e-5, 1.5e-3 + 3e-5 + 1.502e-3], rel=0.02)
+    del prof["host"]["all"]["launch_whole"]
+    with pytest.raises(ValueError, match="no host.all.launch_whole fit"):
+        CalibratedCostModel(QWEN, load_hardware("h200"), profile=prof)
+
+
 def test_device_grids_of_several_starts_pool_to_the_median_per_shape():
     from testbed.sim.costmodel.fit import pool_device_samples
     shape = {"kind": "decode", "pattern": "uniform", "reqs": 8, "tokens": 8, "kv_tokens": 4096, "extend": 1,

@@ -7,6 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import numpy as np  # noqa: E402
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
 from testbed.engine.model import build_model, load_weights  # noqa: E402
@@ -87,12 +88,11 @@ def test_whole_step_graphs_take_the_steps_whose_query_tile_they_plan_alike():
     from types import SimpleNamespace
 
     from testbed.engine.whole_graphs import WholeStepGraphs
-    from testbed.sim.costmodel.fit import fa2_query_tile
+    from testbed.sim.costmodel.fit import WholeStepRule, fa2_query_tile
     assert [fa2_query_tile(x) for x in (1, 16, 17, 64, 65)] == [16, 16, 64, 64, 128]
     whole = object.__new__(WholeStepGraphs)  # key() reads only these; building captures on CUDA
-    sizes = token_sizes(64)
-    whole.pieces = SimpleNamespace(size_for=lambda t: next(x for x in sizes if x >= t))
-    whole.max_tokens, whole.slots, whole.group, whole.max_kv = 64, (2, 4), 2, 3 * 100 + 64 + 4
+    whole.rule = WholeStepRule(tuple(token_sizes(64)), (2, 4), 2)
+    whole.max_tokens, whole.slots, whole.max_kv = 64, (2, 4), 3 * 100 + 64 + 4
 
     def fits(ext, cac):
         return whole.key(synthetic_host_batch(ext, cac, SLOTS, 1, 256).fb) is not None
@@ -105,6 +105,18 @@ def test_whole_step_graphs_take_the_steps_whose_query_tile_they_plan_alike():
     assert not fits([1, 1], [10, 20])  # a decode step: the decode graphs'
     assert not fits([10, 10, 10, 10], [0] * 4)  # more requests than the slots hold beside the padding
     assert not fits([50], [310]) and fits([50], [150])  # its page-id buffer
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 1100), st.integers(1, 20)), min_size=1, max_size=40),
+       st.sampled_from([1, 2, 4, 8]))
+def test_whole_step_rule_on_arrays_takes_the_steps_it_takes_one_by_one(steps, group):
+    """The simulator classifies a replay's steps at once (WholeStepRule.taken), the engine one
+    at a time (graph): the same steps."""
+    from testbed.sim.costmodel.fit import WholeStepRule
+    rule = WholeStepRule(tuple(s for s in token_sizes(8192) if s <= 1024), (2, 4, 8, 16), group)
+    t, b = np.array(steps).T
+    assert rule.taken(t, b).tolist() == [rule.graph(int(x), int(y)) is not None for x, y in steps]
 
 
 def test_a_pending_synthetic_batch_reads_its_decode_ids_from_the_last_tokens(tmp_path):

@@ -20,9 +20,11 @@ plan takes its tile from the most rows one request of the graph could hold, the 
 the batch's mean rows (flashinfer's rule, fit.fa2_query_tile: packed rows > 64 -> 128, > 16 ->
 64, else 16). Where they differ (a short chunk beside many decode rows) the graph
 ran 7-15% longer on Qwen3-0.6B; where they agree 0-3% (a chunk beside three decodes +0.9%).
-At light load in `chunked` most prefill chunks run beside a few decodes, so those are taken
-too, up to 3 requests (SLOTS); the light fidelity cells' chunks ran beside a median of 4-5
-decodes, which 8 slots would hold (not measured yet: benchmarks/results/engine/README.md).
+The rule is fit.WholeStepRule, which the simulator's cost model applies to price these steps'
+launch (a profile measured with the graphs records it). At light load in `chunked` most prefill
+chunks run beside a median of 4-5 decodes, so the slots go up to 16 (15 requests): there the
+prefill steps' median launch fell from 1.7-2.6 to 0.7-1.2 ms, mean TTFT by 3-7% in two light cells
+(benchmarks/results/engine/README.md).
 
 One wrapper per graph (its plan's grid and tile are the graph's); their int workspaces and KV
 page-id buffers are one shared buffer each (each graph's plan is copied in just before its
@@ -32,14 +34,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from testbed.sim.costmodel.fit import fa2_query_tile
+from testbed.sim.costmodel.fit import WholeStepRule
 
 __all__ = ["MAX_TOKENS", "SLOTS", "WholeStepGraphs", "WholeStepGraph"]
 
 MAX_TOKENS = 1024  # light-load prompts and `chunked`'s budget-sized chunks
 
-SLOTS = (2, 4)  # request slots: batches of 1-3 requests (one slot is the padding request's)
-INT_WORKSPACE_BYTES = 1 << 20  # a plan of <= 1,024 rows over <= 4 requests needs a few KB
+SLOTS = (2, 4, 8, 16)  # request slots: batches of 1-15 requests (one slot is the padding request's)
+INT_WORKSPACE_BYTES = 1 << 20  # a plan of <= 1,024 rows over <= 16 requests needs a few KB
 
 
 class WholeStepGraph:
@@ -126,6 +128,7 @@ class WholeStepGraphs:
         self.sizes = [s for s in pieces.sizes if s <= max_tokens]
         self.slots = tuple(slots)
         self.max_tokens = self.sizes[-1] if self.sizes else 0
+        self.rule = WholeStepRule(tuple(self.sizes), self.slots, self.group) if self.sizes else None
         # the page ids of a step: its requests' contexts, the padding rows' and empty slots' scratch
         self.max_kv = (self.slots[-1] - 1) * max_context + self.max_tokens + self.slots[-1]
         kv_indices = torch.empty(self.max_kv, dtype=torch.int32, device=pieces.device)
@@ -144,13 +147,11 @@ class WholeStepGraphs:
 
     def key(self, fb) -> tuple[int, int] | None:
         """(padded tokens, request slots) of the graph that runs this step, or None (it stays
-        piecewise): an eager step of at most max_tokens tokens and fewer requests than the most
-        slots, whose graph plans the query tile its eager plan would (the module docstring says why)."""
-        T, b = fb.num_tokens, fb.batch_size
-        if fb.is_decode or fb.page_size != 1 or not 0 < T <= self.max_tokens or b >= self.slots[-1]:
+        piecewise): an eager step the rule takes (fit.WholeStepRule, which the simulator's cost
+        model applies too; the module docstring says why) whose page ids fit the buffer."""
+        if fb.is_decode or fb.page_size != 1:
             return None
-        if int(fb.host_kv_indptr()[-1]) + self.max_tokens + self.slots[-1] > self.max_kv:
+        key = self.rule.graph(fb.num_tokens, fb.batch_size)
+        if key is None or int(fb.host_kv_indptr()[-1]) + self.max_tokens + self.slots[-1] > self.max_kv:
             return None
-        s, k = self.pieces.size_for(T), next(k for k in self.slots if k > b)
-        most = s - k + 1  # the graph's most rows for one request
-        return (s, k) if fa2_query_tile(T * self.group // b) == fa2_query_tile(most * self.group) else None
+        return key

@@ -13,7 +13,9 @@ overlap protocol, testbed/sim/executor.py):
   profile was measured with them): ``base(padded tokens)``, the measured curve of one fresh
   prompt of that many tokens, plus fitted seconds per unit of attention work, KV read, requests,
   imbalance and the attention kernel's busiest-SM load (fit.fa2_load) beyond that prompt's.
-* ``host`` (schedule, batch build, upload), ``launch`` (enqueueing; graph or eager) and
+* ``host`` (schedule, batch build, upload), ``launch`` (enqueueing; a decode graph, a whole-step
+  graph where the profile was measured with ``engine.whole_step_graphs`` and its rule,
+  fit.WholeStepRule, takes the step, or eager) and
   ``complete`` (applying the result): linear in requests, tokens and KV tokens, the typical
   step of the profiler's host workloads; a decode step's ``host`` per policy. ``wake``: the
   factors on host and launch of a step launched after the host sat idle (the simulator's
@@ -46,7 +48,8 @@ from testbed.modelspec import ModelSpec
 from testbed.sim.costmodel.base import COST_MODELS, StepCost, as_batch, costs_step_by_step
 from testbed.sim.costmodel.decode_plan import DecodePlan
 from testbed.sim.costmodel.fit import (EAGER_EXTRA, MODEL_FIELDS, PROFILE_FORMAT, Fa2Shape, base_curve, eager_extras,
-                                       graph_imbalance, graph_lengths, padded_tokens, predict_host_parts)
+                                       graph_imbalance, graph_lengths, padded_tokens, predict_host_parts,
+                                       whole_step_rule)
 from testbed.sim.costmodel.hardware import HardwareSpec
 
 __all__ = ["CalibratedConfig", "CalibratedCostModel", "PROFILES_DIR", "available_profiles", "load_profile",
@@ -217,6 +220,11 @@ class CalibratedCostModel:
         self._pieces = np.array(e.get("piece_sizes", []), float)  # empty: profiled without piecewise graphs
         self._base: dict[int, float] = {}  # the base curve at a step's (padded) token count, by tokens
         self._fa2 = Fa2Shape(**e["fa2"]) if e.get("fa2") else None
+        #: the eager steps the engine ran as whole-step graphs (their own launch fit), or None
+        self._whole = whole_step_rule(prof["engine"], e.get("piece_sizes", []), spec.num_q_heads // spec.num_kv_heads)
+        if self._whole and "launch_whole" not in self.host:
+            raise ValueError(f"costmodel.profile {prof['_path']}: measured with engine.whole_step_graphs but has no "
+                             f"host.{self.policy}.launch_whole fit (re-fit it with `python -m testbed.profile refit=...`)")
         self.range = prof["device"]["range"]
         self._warned: set[str] = set()
         self._roofline = None
@@ -269,7 +277,7 @@ class CalibratedCostModel:
 
     def host_parts_arrays(self, reqs, tokens, kv_tokens) -> dict[str, np.ndarray]:
         """host_s, launch_s, complete_s for arrays of step features (a row per step)."""
-        return predict_host_parts(self.host, reqs, tokens, kv_tokens, self.max_graph)
+        return predict_host_parts(self.host, reqs, tokens, kv_tokens, self.max_graph, self._whole)
 
     # ------------------------------------------------------------------ public API
     def step_cost(self, extend_lens: np.ndarray, cached_lens: np.ndarray) -> StepCost:
@@ -279,7 +287,8 @@ class CalibratedCostModel:
         h = self.host
         kind = "decode" if tok == b else "prefill"
         graph = self._graph(b, tok)
-        launch = h["launch_graph"] if graph else h["launch_eager"]
+        launch = h["launch_graph"] if graph else h["launch_whole"] if (
+            kind == "prefill" and self._whole and self._whole.graph(tok, b)) else h["launch_eager"]
         return StepCost(_dot(h[f"host_{kind}"], f), _dot(launch, f), self._device_time(n, c, b, tok, f["kv_tokens"], graph),
                         _dot(h[f"complete_{kind}"], f))
 

@@ -21,7 +21,7 @@ cost model's profile (testbed/sim/costmodel/calibrated.py says what each part pr
   plan from the batch).
 * Host, per step kind (decode-only or not): non-negative linear fits on the batch's
   requests, new tokens and KV tokens of ``host_s`` (schedule, batch build, upload),
-  ``launch_s`` (enqueueing; its own fit for graph and eager steps) and ``complete_s``, over
+  ``launch_s`` (enqueueing; its own fit for decode-graph, whole-step-graph and eager steps) and ``complete_s``, over
   every step of the profiler's host workloads (a batch workload and Poisson serving ones)
   that did not follow an idle gap: the typical step, by non-negative least absolute
   deviations (``median_nnls`` says why). Steps launched after the host sat idle for more than
@@ -39,6 +39,7 @@ eager device time bends, and there a curve in tokens carries the bend.
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import datetime as _dt
 import functools
@@ -60,7 +61,7 @@ def woken(row: dict) -> bool:
     idle gaps were recorded have no idle_s: never woken)."""
     return (row.get("idle_s") or 0.0) > WAKE_GAP_S
 HOST_FEATURES = {"decode": ("const", "reqs", "kv_tokens"), "prefill": ("const", "reqs", "tokens", "kv_tokens")}
-LAUNCH_FEATURES = {"graph": ("const", "reqs"), "eager": ("const", "reqs", "tokens")}
+LAUNCH_FEATURES = {"graph": ("const", "reqs"), "whole": ("const", "reqs"), "eager": ("const", "reqs", "tokens")}
 COMPLETE_FEATURES = ("const", "reqs")
 FA2_TILES = (16, 64, 128)
 FA2_FEATURES = tuple(f"fa2_tile{t}" for t in FA2_TILES)
@@ -157,10 +158,56 @@ class Fa2Shape:
     page_size: int = 1
 
 
-def fa2_query_tile(packed_rows: int) -> int:
+def fa2_query_tile(packed_rows):
     """The fa2 plan's query tile for a packed query length (the batch's mean in an eager plan;
-    the most rows a request could hold in a CUDA-graph plan, testbed/engine/whole_graphs.py)."""
+    the most rows a request could hold in a CUDA-graph plan, testbed/engine/whole_graphs.py);
+    an int, or an array of them for an array."""
+    if isinstance(packed_rows, np.ndarray):
+        return np.where(packed_rows > 64, 128, np.where(packed_rows > 16, 64, 16))
     return 128 if packed_rows > 64 else 64 if packed_rows > 16 else 16
+
+
+@dataclass(frozen=True)
+class WholeStepRule:
+    """Which eager steps the engine replays as one whole-step CUDA graph
+    (``engine.whole_step_graphs``, testbed/engine/whole_graphs.py says why this rule): a step of
+    at most the largest of `sizes` tokens (padded to the smallest size that holds it) and fewer
+    requests than the most `slots` (in the smallest slot count above its requests), where the
+    graph's attention plan, whose query tile comes from the most rows one request could hold
+    (size - slots + 1), picks the tile the eager plan would (from the batch's mean rows).
+    group: query heads per KV head (a query row packs that many rows)."""
+    sizes: tuple[int, ...]
+    slots: tuple[int, ...]
+    group: int
+
+    def graph(self, tokens: int, reqs: int) -> tuple[int, int] | None:
+        """(padded tokens, request slots) of the graph that runs a step that is not decode-only, or None."""
+        if not 0 < tokens <= self.sizes[-1] or not 0 < reqs < self.slots[-1]:
+            return None
+        s, k = self.sizes[bisect.bisect_left(self.sizes, tokens)], self.slots[bisect.bisect_right(self.slots, reqs)]
+        return (s, k) if fa2_query_tile(tokens * self.group // reqs) == fa2_query_tile((s - k + 1) * self.group) else None
+
+    def taken(self, tokens, reqs) -> np.ndarray:
+        """graph() is not None, for arrays of steps that are not decode-only."""
+        t, b = np.asarray(tokens, np.int64), np.asarray(reqs, np.int64)
+        sizes, slots = np.asarray(self.sizes, np.int64), np.asarray(self.slots, np.int64)
+        ok = (t > 0) & (t <= sizes[-1]) & (b > 0) & (b < slots[-1])
+        s = sizes[np.minimum(np.searchsorted(sizes, t), len(sizes) - 1)]
+        k = slots[np.minimum(np.searchsorted(slots, b, side="right"), len(slots) - 1)]
+        same = fa2_query_tile(t * self.group // np.maximum(b, 1)) == fa2_query_tile((s - k + 1) * self.group)
+        return ok & same
+
+
+def whole_step_rule(engine: dict, piece_sizes, group: int) -> WholeStepRule | None:
+    """The WholeStepRule of a profile's engine record, or None where it ran without the graphs."""
+    w = engine.get("whole_step_graphs")
+    if not w:
+        return None
+    if not isinstance(w, dict) or not {"max_tokens", "slots"} <= set(w):
+        raise ValueError(f"profile: engine.whole_step_graphs={w!r} is invalid; allowed: "
+                         f"{{'max_tokens': N, 'slots': [...]}} (re-measure with `python -m testbed.profile`)")
+    sizes = tuple(int(s) for s in piece_sizes if s <= w["max_tokens"])
+    return WholeStepRule(sizes, tuple(int(k) for k in w["slots"]), int(group)) if sizes else None
 
 
 def fa2_plan(extend, cached, fa: Fa2Shape) -> tuple[int, int, int]:
@@ -404,9 +451,17 @@ def host_columns(rows: list[dict]) -> dict[str, np.ndarray]:
             "kv_tokens": cols["context_tokens"], "decode": cols["prefill_reqs"] == 0, **cols}
 
 
-def fit_host(rows: list[dict], max_graph: int) -> dict:
+def launch_kinds(c: dict, max_graph: int, whole: WholeStepRule | None) -> dict[str, np.ndarray]:
+    """Which steps of host columns launch a decode graph, a whole-step graph or eagerly."""
+    graph = c["decode"] & (c["reqs"] <= max_graph)
+    taken = ~c["decode"] & whole.taken(c["tokens"], c["reqs"]) if whole else np.zeros_like(graph)
+    return {"graph": graph, "whole": taken, "eager": ~graph & ~taken}
+
+
+def fit_host(rows: list[dict], max_graph: int, whole: WholeStepRule | None = None) -> dict:
     """The host fits of the steps that followed no idle gap, and the wake factors of those
-    that did (absent when the workloads have fewer than WAKE_MIN_STEPS of them)."""
+    that did (absent when the workloads have fewer than WAKE_MIN_STEPS of them); whole: the
+    engine's whole-step graphs (their launch fitted apart), or None."""
     c = host_columns([r for r in rows if not woken(r)])
     out = {}
     for kind, on in (("decode", c["decode"]), ("prefill", ~c["decode"])):
@@ -417,10 +472,9 @@ def fit_host(rows: list[dict], max_graph: int) -> dict:
             _features(sub, HOST_FEATURES[kind]), sub["host_s"]))))
         out[f"complete_{kind}"] = dict(zip(COMPLETE_FEATURES, map(float, median_nnls(
             _features(sub, COMPLETE_FEATURES), sub["complete_s"]))))
-    graph = c["decode"] & (c["reqs"] <= max_graph)
-    for kind, on in (("graph", graph), ("eager", ~graph)):
+    for kind, on in launch_kinds(c, max_graph, whole).items():
         if on.sum() < len(LAUNCH_FEATURES[kind]) + 1:
-            if kind == "graph" and max_graph == 0:
+            if (kind == "graph" and max_graph == 0) or (kind == "whole" and whole is None):
                 continue
             raise ValueError(f"profile: {int(on.sum())} {kind} steps in the host workloads; too few to fit")
         sub = {k: v[on] for k, v in c.items()}
@@ -430,32 +484,34 @@ def fit_host(rows: list[dict], max_graph: int) -> dict:
         out["launch_graph"] = dict(out["launch_eager"])
     after_idle = [r for r in rows if woken(r)]
     if len(after_idle) >= WAKE_MIN_STEPS:
-        out["wake"] = fit_wake(after_idle, out, max_graph)
+        out["wake"] = fit_wake(after_idle, out, max_graph, whole)
     return out
 
 
-def predict_host_parts(fits: dict, reqs, tokens, kv_tokens, max_graph: int) -> dict[str, np.ndarray]:
+def predict_host_parts(fits: dict, reqs, tokens, kv_tokens, max_graph: int,
+                       whole: WholeStepRule | None = None) -> dict[str, np.ndarray]:
     """host_s, launch_s, complete_s of the host fits for arrays of step features (a row per step)."""
     b, t, kv = (np.asarray(a, float) for a in (reqs, tokens, kv_tokens))
     decode = t == b
-    graph = decode & (b <= max_graph)
+    on = launch_kinds({"decode": decode, "reqs": b, "tokens": t}, max_graph, whole)
     f = {"reqs": b, "tokens": t, "kv_tokens": kv}
 
     def lin(part, names):
         return sum(fits[part].get(k, 0.0) * (1.0 if k == "const" else f[k]) for k in names)
     return {"host_s": np.where(decode, lin("host_decode", HOST_FEATURES["decode"]),
                                lin("host_prefill", HOST_FEATURES["prefill"])),
-            "launch_s": np.where(graph, lin("launch_graph", LAUNCH_FEATURES["graph"]),
-                                 lin("launch_eager", LAUNCH_FEATURES["eager"])),
+            "launch_s": np.select([on["graph"], on["whole"]], [lin("launch_graph", LAUNCH_FEATURES["graph"]),
+                                  lin("launch_whole", LAUNCH_FEATURES["whole"]) if whole else 0.0],
+                                  lin("launch_eager", LAUNCH_FEATURES["eager"])),
             "complete_s": np.where(decode, lin("complete_decode", COMPLETE_FEATURES),
                                    lin("complete_prefill", COMPLETE_FEATURES))}
 
 
-def fit_wake(rows: list[dict], fits: dict, max_graph: int) -> dict:
+def fit_wake(rows: list[dict], fits: dict, max_graph: int, whole: WholeStepRule | None = None) -> dict:
     """The median over steps launched after an idle gap of host_s and launch_s over what the
     fits predict for them; gap_s: the idle time from which a step counts as woken."""
     c = host_columns(rows)
-    p = predict_host_parts(fits, c["reqs"], c["tokens"], c["kv_tokens"], max_graph)
+    p = predict_host_parts(fits, c["reqs"], c["tokens"], c["kv_tokens"], max_graph, whole)
     return {"gap_s": WAKE_GAP_S, "host": float(np.median(c["host_s"] / p["host_s"])),
             "launch": float(np.median(c["launch_s"] / p["launch_s"]))}
 
@@ -488,9 +544,10 @@ def fit_profile(raw: dict, deployment: dict, spec, fa: Fa2Shape | None, name: st
               "range": {k: int(max(d[k] for d in dev)) for k in ("reqs", "tokens", "kv_tokens")}}
     hrows = raw["host_samples"]
     by_policy = sorted({r["policy"] for r in hrows})
-    host = {"all": fit_host(hrows, max_graph)}
+    whole = whole_step_rule(deployment["engine"], pieces, spec.num_q_heads // spec.num_kv_heads)
+    host = {"all": fit_host(hrows, max_graph, whole)}
     for pol in by_policy:  # a decode step's scheduling cost per policy (hundreds of steps each); the rest pooled
-        own = fit_host([r for r in hrows if r["policy"] == pol], max_graph)
+        own = fit_host([r for r in hrows if r["policy"] == pol], max_graph)  # only its host_decode is kept
         host[pol] = {k: (own[k] if k == "host_decode" else host["all"][k]) for k in host["all"]}  # wake: pooled
     prof = {
         "format": PROFILE_FORMAT,
