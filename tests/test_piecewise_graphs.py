@@ -85,7 +85,6 @@ def test_whole_step_graphs_take_the_steps_whose_query_tile_they_plan_alike():
     requests than its slots when the graph's plan (tile from the most rows one request could
     hold) and the eager plan (from the mean) pick the same query tile; the graphs themselves are
     captured on the GPU (benchmarks/exp_full_graph_eager.py)."""
-    from types import SimpleNamespace
 
     from testbed.engine.whole_graphs import WholeStepGraphs
     from testbed.sim.costmodel.fit import WholeStepRule, fa2_query_tile
