@@ -275,3 +275,10 @@ def test_readme_figures_are_the_reports():
         mine = re.search(rf"^\| {metric} \| ([\d.]+%) \| (\d+) \| ([\d.]+%) \|$", readme, re.M)
         assert rep and mine, metric
         assert rep.groups() == mine.groups(), (metric, rep.groups(), mine.groups())
+
+
+def test_a_sample_of_an_unknown_pattern_is_refused():
+    from testbed.sim.costmodel.fit import sample_batch
+    d = {"kind": "decode", "pattern": "tailed", "reqs": 4, "extend": 1, "cached": 100}
+    with pytest.raises(ValueError, match="'tailed'"):
+        sample_batch(d)

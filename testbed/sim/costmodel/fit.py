@@ -425,10 +425,12 @@ def sample_batch(d: dict) -> tuple[list[int], list[int]]:
     mixed = d["kind"] == "mixed"
     rows = d["reqs"] - 1 if mixed else d["reqs"]
     pattern = d.get("pattern", "uniform")
-    if pattern in PATTERNS:
-        cac = (PATTERNS[pattern](d["cached"] + 1, rows) - 1).tolist()
-    else:
+    if pattern == "uniform":
         cac = [d["cached"]] * rows
+    elif pattern in PATTERNS:
+        cac = (PATTERNS[pattern](d["cached"] + 1, rows) - 1).tolist()
+    else:  # a profile from another version of the profiler: its rows cannot be rebuilt
+        raise ValueError(f"profile: device sample pattern {pattern!r} is not uniform or one of {sorted(PATTERNS)}")
     if mixed:
         return [d["extend"]] + [1] * rows, [d.get("chunk_cached", 0)] + cac
     return [d["extend"]] * rows, cac
