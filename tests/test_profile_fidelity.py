@@ -169,13 +169,16 @@ def test_fidelity_engine_report_and_check_on_the_cpu(cpu_profile, tmp_path):
     for k in (1, 2):
         s = json.loads((out / "runs/smol-chunked-synthetic-light" / f"r{k}/summary.json").read_text())
         assert s["complete"] and s["metrics"]["completed"] == 4 and s["kv"]["warmup_s"] is not None
-    assert json.loads((out / "runs/machine.json").read_text())["cpu_count"] >= 1
+    machine = json.loads((out / "runs/smol-chunked-synthetic-light/machine.json").read_text())
+    assert machine["cpu_count"] >= 1
     p = py("-m", "testbed.fidelity", "report", f"out={out}")
     assert p.returncode == 0, p.stderr[-3000:]
     res = json.loads((out / "fidelity.json").read_text())["cells"]["smol-chunked-synthetic-light"]
     e = res["errors"]["mean_ttft_ms"]
     assert len(e["engine"]) == 2 and e["sim"] > 0 and e["error"] == pytest.approx(e["sim"] / np.mean(e["engine"]) - 1)
-    assert "| smol-chunked-synthetic-light |" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "| smol-chunked-synthetic-light |" in report
+    assert f"one machine start, recorded at {machine['date']} (`runs/<cell>/machine.json`)" in report
     assert (out / "cdf_smollm2_135m_synthetic.png").read_bytes()[:4] == b"\x89PNG"
     assert py("-m", "testbed.fidelity", "check", f"out={out}").returncode == 0
     # a committed figure better than what the simulator now gives: check fails, naming the cell
@@ -282,3 +285,20 @@ def test_a_sample_of_an_unknown_pattern_is_refused():
     d = {"kind": "decode", "pattern": "tailed", "reqs": 4, "extend": 1, "cached": 100}
     with pytest.raises(ValueError, match="'tailed'"):
         sample_batch(d)
+
+
+def test_the_report_names_each_cells_machine_start(tmp_path):
+    from testbed.fidelity.report import engine_starts
+    (tmp_path / "runs/b").mkdir(parents=True)
+    (tmp_path / "runs/c").mkdir()
+    (tmp_path / "runs/machine.json").write_text('{"date": "D1"}')  # runs made before cells kept their own
+    (tmp_path / "runs/b/machine.json").write_text('{"date": "D2"}')
+    (tmp_path / "runs/d").mkdir()
+    (tmp_path / "runs/d/machine.json").write_text('{"date": "D1"}')
+    lines = engine_starts(tmp_path, ["a", "b", "c", "d"])
+    assert lines == ["- engine runs of b: the machine start recorded at D2 (`runs/<cell>/machine.json`)",
+                     "- engine runs of the other 3 cells: the machine start recorded at D1 (`runs/<cell>/machine.json`, "
+                     "`runs/machine.json`)"]
+    (tmp_path / "runs/machine.json").unlink()
+    assert engine_starts(tmp_path, ["b"]) == ["- engine runs: one machine start, recorded at D2 (`runs/<cell>/machine.json`)"]
+    assert "? (no machine.json)" in engine_starts(tmp_path, ["a", "b"])[0]

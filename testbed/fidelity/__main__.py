@@ -14,7 +14,6 @@ Keys: out=DIR (default benchmarks/results/fidelity), repeats=N (default 2), cell
 names or substrings to keep), margin=F (default 0.01, an absolute fraction)."""
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from pathlib import Path
@@ -64,12 +63,7 @@ def main(argv=None) -> int:
         return 0
     cells = selected(read_plan(out / "plan.json"), o["cells"])
     if step == "engine":
-        from testbed.engine.profiler import machine_info
         from testbed.fidelity.engine_side import run_engine_cells
-        import torch
-        (out / "runs").mkdir(parents=True, exist_ok=True)
-        dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        (out / "runs" / "machine.json").write_text(json.dumps(machine_info(dev), indent=1) + "\n")
         try:
             failed = run_engine_cells(cells, out, int(o["repeats"]))
         except (ValueError, FileNotFoundError) as e:  # the model or engine could not be built

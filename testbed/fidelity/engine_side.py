@@ -1,9 +1,12 @@
 """The engine side of the experiment (a GPU machine): every cell of the plan run `repeats`
 times, back to back, on one model load per model and engine settings (warmed up once; a cell
 whose overrides change the engine's settings gets its own), each run into
-DIR/runs/<cell>/r<k>/ (requests.parquet, steps.parquet, summary.json; no output ids)."""
+DIR/runs/<cell>/r<k>/ (requests.parquet, steps.parquet, summary.json; no output ids), and the
+machine start they ran on into DIR/runs/<cell>/machine.json (cells of one plan may be run on
+several starts)."""
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
@@ -19,8 +22,10 @@ def run_engine_cells(cells, out: Path, repeats: int = 2) -> list[str]:
 
     from testbed import assemble
     from testbed.config import compose
+    from testbed.engine.profiler import machine_info
     from testbed.run import run
 
+    machine = json.dumps(machine_info(torch.device("cuda" if torch.cuda.is_available() else "cpu")), indent=1) + "\n"
     failed = []
     parts, parts_key = None, None
     for cell in cells:
@@ -33,6 +38,8 @@ def run_engine_cells(cells, out: Path, repeats: int = 2) -> list[str]:
                 torch.cuda.empty_cache()
             parts = assemble.engine_parts(cfg)
             parts_key = key
+        (out / "runs" / cell.name).mkdir(parents=True, exist_ok=True)
+        (out / "runs" / cell.name / "machine.json").write_text(machine)
         for k in range(1, repeats + 1):
             d = out / "runs" / cell.name / f"r{k}"
             t0 = time.perf_counter()

@@ -106,7 +106,7 @@ def markdown(res: dict, out: Path, profile_info: dict, device: dict) -> str:
                   if v["graph_starts"] else "")
                + f"; host fitted on the machine starts of {', '.join(v['host_starts'])}"
                for m, v in profile_info.items()],
-             f"- engine runs: one machine start, recorded at {engine_start(out)} (`runs/machine.json`)", "",
+             *engine_starts(out, list(res)), "",
              f"Reproduce the simulator side (no GPU): `python -m testbed.fidelity report out={shown_dir(out)}`. "
              "The engine side (a GPU): `python -m testbed.fidelity engine out=DIR`.", "",
              f"Worst headline error: {worst(res):.1%}; worst engine spread on those metrics: "
@@ -249,9 +249,25 @@ def shown_dir(out: Path) -> str:
     return str(out.relative_to(REPO)) if out.is_relative_to(REPO) else str(out)
 
 
-def engine_start(out: Path) -> str:
-    f = out / "runs" / "machine.json"
-    return json.loads(f.read_text()).get("date", "?") if f.is_file() else "? (no runs/machine.json)"
+def engine_starts(out: Path, cells: list[str]) -> list[str]:
+    """The report's lines naming the machine starts the cells' engine runs were made on: each
+    cell's runs/<cell>/machine.json, or runs/machine.json for runs made before cells kept their own."""
+    by_start: dict[str, list[str]] = {}
+    files: dict[str, set[str]] = {}
+    for c in cells:
+        f = next((f for f in (out / "runs" / c / "machine.json", out / "runs" / "machine.json") if f.is_file()), None)
+        date = json.loads(f.read_text()).get("date", "?") if f else "? (no machine.json)"
+        by_start.setdefault(date, []).append(c)
+        if f:
+            files.setdefault(date, set()).add("runs/machine.json" if f.parent.name == "runs" else "runs/<cell>/machine.json")
+    where = {d: f" ({', '.join(f'`{x}`' for x in sorted(files[d]))})" if d in files else "" for d in by_start}
+    if len(by_start) == 1:
+        d = next(iter(by_start))
+        return [f"- engine runs: one machine start, recorded at {d}{where[d]}"]
+    most = max(by_start, key=lambda d: len(by_start[d]))  # the bulk of the cells, named by what they are not
+    return [f"- engine runs of the other {len(v)} cells: the machine start recorded at {d}{where[d]}" if d == most else
+            f"- engine runs of {', '.join(v)}: the machine start recorded at {d}{where[d]}"
+            for d, v in sorted(by_start.items(), key=lambda dv: dv[0] == most)]
 
 
 def profile_info(out: Path, cells) -> dict:
