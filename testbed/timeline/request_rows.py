@@ -38,15 +38,29 @@ class RequestRows:
         d = self.row(r, self.keep_output_ids)
         if d["rid"] in self.rids:
             raise ValueError(f"request {d['rid']} added to requests.parquet twice")
-        self.rids.add(d["rid"])
-        for c, col in self.scalars.items():
-            col.append(d[c])
-        for c, (values, offsets, nulls) in self.lists.items():
-            v = d[c]
-            nulls.append(v is None)
-            if v is not None:
-                values.extend(v)
-            offsets.append(len(values))
+        n = len(self.rids)
+        try:
+            for c, col in self.scalars.items():
+                col.append(d[c])
+            for c, (values, offsets, nulls) in self.lists.items():
+                v = d[c]
+                nulls.append(v is None)
+                if v is not None:
+                    values.extend(v)
+                offsets.append(len(values))
+            self.rids.add(d["rid"])
+        except BaseException:  # Ctrl-C mid-row: the row is taken whole or not at all
+            self._cut(n)
+            raise
+
+    def _cut(self, n: int) -> None:
+        """Back to the first n rows (a row half added is undone)."""
+        for col in self.scalars.values():
+            del col[n:]
+        for values, offsets, nulls in self.lists.values():
+            del offsets[n + 1:]
+            del values[offsets[-1]:]
+            del nulls[n:]
 
     def columns(self) -> dict[str, Column]:
         """The rows in rid order, column by column (REQUESTS_SCHEMA's); hands them over (once:

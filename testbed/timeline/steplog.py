@@ -28,18 +28,33 @@ class StepLog:
         self.output_tokens = 0  # sampled so far, for progress reports
 
     def append(self, **row) -> None:
-        for c, append in self._appends:
-            append(row[c])
+        n = len(self)
+        try:
+            for c, append in self._appends:
+                append(row[c])
+        except BaseException:  # Ctrl-C mid-row: the row is taken whole or not at all
+            self._cut(n)
+            raise
 
     def extend(self, **cols) -> None:
         """Many rows at once: each column a numpy array or a sequence of Python numbers, all of
         one length."""
-        for c, col in self.cols.items():
-            v = cols[c]
-            if isinstance(v, np.ndarray) and not isinstance(col, list):
-                col.frombytes(v.astype(_NUMPY[col.typecode], copy=False).tobytes())
-            else:
-                col.extend(v)
+        n = len(self)
+        try:
+            for c, col in self.cols.items():
+                v = cols[c]
+                if isinstance(v, np.ndarray) and not isinstance(col, list):
+                    col.frombytes(v.astype(_NUMPY[col.typecode], copy=False).tobytes())
+                else:
+                    col.extend(v)
+        except BaseException:  # as append's
+            self._cut(n)
+            raise
+
+    def _cut(self, n: int) -> None:
+        """Back to the first n rows (rows half added are undone)."""
+        for col in self.cols.values():
+            del col[n:]
 
     def set_last(self, column: str, value) -> None:
         self.cols[column][-1] = value
