@@ -54,15 +54,25 @@ def _signal_handlers(handlers: dict):
             signal.signal(sig, h)
 
 
+_holding = [False]  # a hold is on (an inner one, as _write's inside drive's, leaves it to the outer)
+
+
 @contextlib.contextmanager
 def _signals_wait_for_the_write():
     """SIGINT / SIGTERM during the write are held until the run's files are written, then acted on."""
+    if _holding[0]:
+        yield
+        return
     held: list[int] = []
 
     def hold(signum, frame):
         held.append(signum)
-    with _signal_handlers({signal.SIGINT: hold, signal.SIGTERM: hold}):
-        yield
+    _holding[0] = True
+    try:
+        with _signal_handlers({signal.SIGINT: hold, signal.SIGTERM: hold}):
+            yield
+    finally:
+        _holding[0] = False
     if signal.SIGTERM in held:
         raise Terminated
     if held:
@@ -109,19 +119,20 @@ def drive(cfg: Config, out_dir: str, built, keep_ids=None, print_table: bool = T
             for t in trace.requests:  # the requests hold the ids now: each goes once its request is done
                 t.prompt_ids = None
     ran = _drive(cfg, driver, trace, len(requests))
-    driver.executor.fill_predictions(driver.steps)  # the engine's per-step predictions, out of its timed loop
-    integrity = leak = None
-    if ran.complete:
-        integrity = sched.check_integrity()
-        if integrity["in_use"]:  # the results are written first, then the failed check is reported
-            leak = f"KV leak after the run: {integrity}"
-            ran.complete, ran.error = False, f"integrity check failed: {leak}"
-    queued = {id(r) for r in sched.waiting}
-    arrived = [r for r in requests if r.state.name != "WAITING" or id(r) in queued]  # not-yet-arrived ones are left out
-    if rows is not None:
-        arrived = [r for r in arrived if r.rid not in rows.rids]
-    extra = {**ran.fields(cfg, trace, len(requests), len(driver.steps)), "kv": {**info, "integrity": integrity}}
-    summary = _write(cfg, out_dir, ran, arrived, driver.steps, extra, keep_ids, request_row, print_table, rows)
+    with _signals_wait_for_the_write():  # a second Ctrl-C from here waits for the files too
+        driver.executor.fill_predictions(driver.steps)  # the engine's per-step predictions, out of its timed loop
+        integrity = leak = None
+        if ran.complete:
+            integrity = sched.check_integrity()
+            if integrity["in_use"]:  # the results are written first, then the failed check is reported
+                leak = f"KV leak after the run: {integrity}"
+                ran.complete, ran.error = False, f"integrity check failed: {leak}"
+        queued = {id(r) for r in sched.waiting}
+        arrived = [r for r in requests if r.state.name != "WAITING" or id(r) in queued]  # not-yet-arrived: left out
+        if rows is not None:
+            arrived = [r for r in arrived if r.rid not in rows.rids]
+        extra = {**ran.fields(cfg, trace, len(requests), len(driver.steps)), "kv": {**info, "integrity": integrity}}
+        summary = _write(cfg, out_dir, ran, arrived, driver.steps, extra, keep_ids, request_row, print_table, rows)
     if leak:
         raise IntegrityError(f"{leak}; the results are in {out_dir} (summary.json says which check failed)")
     return _raise_for(ran, out_dir, summary)

@@ -303,6 +303,28 @@ def test_a_failed_integrity_check_is_reported_after_the_results_are_written(tmp_
     assert s["metrics"]["completed"] == 20 and len(pd.read_parquet(out / "requests.parquet")) == 20
 
 
+def test_a_second_signal_after_the_run_waits_for_its_files(tmp_path, monkeypatch):
+    """A Ctrl-C landing after the run's loop, before its files (the end-of-run KV check here;
+    a user pressing Ctrl-C twice), is held until they are written, then stops the process."""
+    import os
+
+    from testbed.config import compose
+    from testbed.run import run
+    from testbed.scheduler.scheduler import Scheduler
+    real = Scheduler.check_integrity
+
+    def interrupted(self):
+        os.kill(os.getpid(), signal.SIGINT)
+        return real(self)
+    monkeypatch.setattr(Scheduler, "check_integrity", interrupted)
+    out = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        run(compose(["trace=sharegpt", "trace.num_requests=20", "progress=false"]), str(out), print_table=False)
+    s = json.loads((out / "summary.json").read_text())
+    assert s["metrics"]["completed"] == 20 and len(pd.read_parquet(out / "requests.parquet")) == 20
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the hold is let go
+
+
 def test_a_run_directory_holds_one_run(tmp_path):
     from testbed.timeline.rundir import claim_run_dir
     out = tmp_path / "run"
