@@ -58,25 +58,29 @@ _holding = [False]  # a hold is on (an inner one, as _write's inside drive's, le
 
 
 @contextlib.contextmanager
-def _signals_wait_for_the_write():
-    """SIGINT / SIGTERM during the write are held until the run's files are written, then acted on."""
-    if _holding[0]:
-        yield
-        return
+def _signals_wait_for_the_write(act: bool = True):
+    """SIGINT / SIGTERM during the write are held until the run's files are written, then acted
+    on (act=False: only noted in the list it yields, for the caller to act on)."""
     held: list[int] = []
+    if _holding[0]:
+        yield held
+        return
 
     def hold(signum, frame):
         held.append(signum)
     _holding[0] = True
     try:
         with _signal_handlers({signal.SIGINT: hold, signal.SIGTERM: hold}):
-            yield
+            yield held
     finally:
         _holding[0] = False
-    if signal.SIGTERM in held:
-        raise Terminated
-    if held:
-        raise KeyboardInterrupt
+    if act and held:
+        raise _stop_for(held)
+
+
+def _stop_for(held: list[int]) -> type[BaseException]:
+    """What held signals stop the run with: SIGTERM's Terminated before Ctrl-C's KeyboardInterrupt."""
+    return Terminated if signal.SIGTERM in held else KeyboardInterrupt
 
 
 def run(cfg: Config, out_dir: str, engine_parts=None, keep_ids: bool | None = None, print_table: bool = True) -> dict:
@@ -198,9 +202,12 @@ def _drive(cfg: Config, driver, trace, n: int) -> _Ran:
     except Exception as e:  # keep what is done, then report
         ran.complete, ran.error = False, f"{type(e).__name__}: {e}"
     finally:
-        gc.unfreeze()  # later runs in this process (the fidelity experiment) collect as usual
-        progress.close()
-        driver.close()  # stops the TP ranks
+        with _signals_wait_for_the_write(act=False) as held:  # a second Ctrl-C while the ranks stop
+            gc.unfreeze()  # later runs in this process (the fidelity experiment) collect as usual
+            progress.close()
+            driver.close()  # stops the TP ranks
+    if held and ran.stop is None:  # the run's files are written first, then it stops
+        ran.stop = _stop_for(held)
     ran.wall = time.perf_counter() - ran.t0
     ran.clock_origin = getattr(driver, "clock_origin", None)
     return ran

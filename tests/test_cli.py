@@ -325,6 +325,30 @@ def test_a_second_signal_after_the_run_waits_for_its_files(tmp_path, monkeypatch
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the hold is let go
 
 
+@pytest.mark.parametrize("sig, stop", [(signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, "Terminated")])
+def test_a_signal_while_the_driver_closes_waits_for_the_files(tmp_path, monkeypatch, sig, stop):
+    """A Ctrl-C or SIGTERM while the driver shuts down (the engine's TP ranks stopping) is held:
+    the run's files are written, then it stops as the signal asks."""
+    import os
+
+    import testbed.run as run_mod
+    from testbed.config import compose
+    from testbed.sim.driver import SimDriver
+    real = SimDriver.close
+
+    def close(self):
+        os.kill(os.getpid(), sig)
+        return real(self)
+    monkeypatch.setattr(SimDriver, "close", close)
+    out = tmp_path / "run"
+    with pytest.raises(getattr(run_mod, stop) if isinstance(stop, str) else stop):
+        run_mod.run(compose(["trace=sharegpt", "trace.num_requests=20", "progress=false"]), str(out),
+                    print_table=False)
+    s = json.loads((out / "summary.json").read_text())
+    assert s["metrics"]["completed"] == 20 and len(pd.read_parquet(out / "requests.parquet")) == 20
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_a_run_directory_holds_one_run(tmp_path):
     from testbed.timeline.rundir import claim_run_dir
     out = tmp_path / "run"
