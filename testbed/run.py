@@ -62,7 +62,7 @@ def _signals_wait_for_the_write(act: bool = True):
     """SIGINT / SIGTERM during the write are held until the run's files are written, then acted
     on (act=False: only noted in the list it yields, for the caller to act on)."""
     held: list[int] = []
-    if _holding[0]:
+    if _holding[0] or threading.current_thread() is not threading.main_thread():  # signals reach the main one only
         yield held
         return
 
