@@ -54,26 +54,16 @@ def _signal_handlers(handlers: dict):
             signal.signal(sig, h)
 
 
-_holding = [False]  # a hold is on (an inner one, as _write's inside drive's, leaves it to the outer)
-
-
 @contextlib.contextmanager
 def _signals_wait_for_the_write(act: bool = True):
     """SIGINT / SIGTERM during the write are held until the run's files are written, then acted
     on (act=False: only noted in the list it yields, for the caller to act on)."""
     held: list[int] = []
-    if _holding[0] or threading.current_thread() is not threading.main_thread():  # signals reach the main one only
-        yield held
-        return
 
     def hold(signum, frame):
         held.append(signum)
-    _holding[0] = True
-    try:
-        with _signal_handlers({signal.SIGINT: hold, signal.SIGTERM: hold}):
-            yield held
-    finally:
-        _holding[0] = False
+    with _signal_handlers({signal.SIGINT: hold, signal.SIGTERM: hold}):
+        yield held
     if act and held:
         raise _stop_for(held)
 
@@ -149,8 +139,9 @@ def drive_client(cfg: Config, out_dir: str, built, print_table: bool = True) -> 
     from testbed.client import client_row
     driver, n = built.driver, len(built.driver.records)
     ran = _drive(cfg, driver, built.trace, n)
-    extra = {**ran.fields(cfg, built.trace, n, None), "server": built.info, "kv": None}
-    summary = _write(cfg, out_dir, ran, driver.arrived, driver.steps, extra, False, client_row, print_table)
+    with _signals_wait_for_the_write():
+        extra = {**ran.fields(cfg, built.trace, n, None), "server": built.info, "kv": None}
+        summary = _write(cfg, out_dir, ran, driver.arrived, driver.steps, extra, False, client_row, print_table)
     return _raise_for(ran, out_dir, summary)
 
 
@@ -215,16 +206,16 @@ def _drive(cfg: Config, driver, trace, n: int) -> _Ran:
 
 def _write(cfg: Config, out_dir: str, ran: _Ran, reqs, steps, extra: dict, keep_ids, row, print_table: bool,
            rows=None) -> dict:
-    """The run's files (a signal meanwhile waits for them) and its table; row, rows: write_run's."""
+    """The run's files and its table; row, rows: write_run's. Its callers hold the signals
+    (_signals_wait_for_the_write) from the run's end until the files are written."""
     from testbed.timeline.writer import WriteError, write_run
     extra = {"complete": ran.complete, "error": ran.error, **extra}  # after the end-of-run check
     unwritten = None
-    with _signals_wait_for_the_write():
-        try:
-            summary = write_run(out_dir, reqs, steps, OmegaConf.to_container(OmegaConf.structured(cfg)),
-                                extra, keep_ids, cfg.slo, row, rows)
-        except WriteError as e:  # the metrics are printed all the same
-            summary, unwritten = e.summary, e
+    try:
+        summary = write_run(out_dir, reqs, steps, OmegaConf.to_container(OmegaConf.structured(cfg)),
+                            extra, keep_ids, cfg.slo, row, rows)
+    except WriteError as e:  # the metrics are printed all the same
+        summary, unwritten = e.summary, e
     if print_table:
         print_summary(summary, out_dir)
     if unwritten is not None:

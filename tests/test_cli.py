@@ -303,50 +303,32 @@ def test_a_failed_integrity_check_is_reported_after_the_results_are_written(tmp_
     assert s["metrics"]["completed"] == 20 and len(pd.read_parquet(out / "requests.parquet")) == 20
 
 
-def test_a_second_signal_after_the_run_waits_for_its_files(tmp_path, monkeypatch):
-    """A Ctrl-C landing after the run's loop, before its files (the end-of-run KV check here;
-    a user pressing Ctrl-C twice), is held until they are written, then stops the process."""
-    import os
-
-    from testbed.config import compose
-    from testbed.run import run
-    from testbed.scheduler.scheduler import Scheduler
-    real = Scheduler.check_integrity
-
-    def interrupted(self):
-        os.kill(os.getpid(), signal.SIGINT)
-        return real(self)
-    monkeypatch.setattr(Scheduler, "check_integrity", interrupted)
-    out = tmp_path / "run"
-    with pytest.raises(KeyboardInterrupt):
-        run(compose(["trace=sharegpt", "trace.num_requests=20", "progress=false"]), str(out), print_table=False)
-    s = json.loads((out / "summary.json").read_text())
-    assert s["metrics"]["completed"] == 20 and len(pd.read_parquet(out / "requests.parquet")) == 20
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the hold is let go
-
-
-@pytest.mark.parametrize("sig, stop", [(signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, "Terminated")])
-def test_a_signal_while_the_driver_closes_waits_for_the_files(tmp_path, monkeypatch, sig, stop):
-    """A Ctrl-C or SIGTERM while the driver shuts down (the engine's TP ranks stopping) is held:
-    the run's files are written, then it stops as the signal asks."""
+@pytest.mark.parametrize("where", ["check_integrity", "close"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_after_the_loop_waits_for_the_files(tmp_path, monkeypatch, where, sig):
+    """A Ctrl-C or SIGTERM landing after the run's loop, before its files (a user pressing Ctrl-C
+    twice): while the driver shuts down (the engine's TP ranks stopping) or in the end-of-run KV
+    check, is held until the files are written, then stops the run as the signal asks."""
     import os
 
     import testbed.run as run_mod
     from testbed.config import compose
+    from testbed.scheduler.scheduler import Scheduler
     from testbed.sim.driver import SimDriver
-    real = SimDriver.close
+    owner = {"check_integrity": Scheduler, "close": SimDriver}[where]
+    real = getattr(owner, where)
 
-    def close(self):
+    def signalled(self):
         os.kill(os.getpid(), sig)
         return real(self)
-    monkeypatch.setattr(SimDriver, "close", close)
+    monkeypatch.setattr(owner, where, signalled)
     out = tmp_path / "run"
-    with pytest.raises(getattr(run_mod, stop) if isinstance(stop, str) else stop):
+    with pytest.raises(KeyboardInterrupt if sig == signal.SIGINT else run_mod.Terminated):
         run_mod.run(compose(["trace=sharegpt", "trace.num_requests=20", "progress=false"]), str(out),
                     print_table=False)
     s = json.loads((out / "summary.json").read_text())
     assert s["metrics"]["completed"] == 20 and len(pd.read_parquet(out / "requests.parquet")) == 20
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the hold is let go
 
 
 def test_a_run_directory_holds_one_run(tmp_path):
