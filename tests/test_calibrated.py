@@ -361,6 +361,43 @@ def test_host_fit_takes_woken_steps_apart_as_wake_factors():
     assert "wake" not in fit_host([dict(r, idle_s=0.0) for r in rows], max_graph=64)
 
 
+def test_device_wake_is_the_median_excess_of_woken_single_prompts():
+    """A woken step's device time over the device model's, as a constant: the median over the
+    woken steps of one prompt and no decodes (their batch is exact); busy steps, steps of
+    several requests and steps with decodes do not count; too few such steps: none."""
+    from testbed.sim.costmodel.fit import WAKE_MIN_STEPS, fit_device_wake
+
+    class Model:
+        @staticmethod
+        def device_time(extend, cached):
+            return 1e-3 + 2e-6 * extend[0] + 1e-7 * cached[0]
+
+    def row(tok, cached, extra, idle=0.01, reqs=1, decodes=0):
+        return {"batch_reqs": reqs, "prefill_reqs": 1, "prefill_tokens": tok, "decode_reqs": decodes,
+                "context_tokens": tok + cached, "idle_s": idle,
+                "duration_s": Model.device_time([tok], [cached]) + extra}
+    rows = [row(64 * (i + 1), 100 * i, 9e-4 + (1e-4 if i % 2 else -1e-4) * (i % 3)) for i in range(11)]
+    noise = [row(512, 0, 5e-3, idle=0.0), row(512, 0, 5e-3, reqs=3), row(512, 0, 5e-3, reqs=2, decodes=1)] * 5
+    extra, n = fit_device_wake(rows + noise, Model)
+    assert n == 11 and extra == pytest.approx(9e-4, abs=1e-5)
+    assert fit_device_wake(rows[:WAKE_MIN_STEPS - 1] + noise, Model) is None
+
+
+def test_a_woken_step_takes_the_profiles_device_wake_in_the_simulator():
+    """The committed Qwen3-0.6B profile's wake through the executor: a step launched after an
+    idle gap runs its device time plus the wake's device_s; one launched while busy does not (the
+    device busy until t=10: both start then)."""
+    from testbed.sim.executor import SimExecutor
+    model = cm()
+    gap, _, _, device_s = model.wake
+    assert 3e-4 < device_s < 3e-3  # 0.88 ms measured (testbed/sim/costmodel/fit.py says how)
+    ex = SimExecutor(model, now=lambda: 0.0)
+    c = model.step_cost(np.array([256]), np.array([0]))
+    busy = ex.place(1.0, c.host, c.launch, c.device, c.complete, device_free=10.0, applied=1.0)
+    woken = ex.place(1.0, c.host, c.launch, c.device, c.complete, device_free=10.0, applied=1.0 - 2 * gap)
+    assert busy[3] == pytest.approx(c.device) and woken[3] == pytest.approx(c.device + device_s)
+
+
 def test_whole_step_graph_steps_get_their_own_launch_fit_and_the_model_uses_it():
     """A profile measured with engine.whole_step_graphs: the eager steps its rule takes (the
     engine's rule, fit.WholeStepRule) launch at their own cost, the others at the eager one."""

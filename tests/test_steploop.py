@@ -55,7 +55,7 @@ class StubCost:
     device_per_token: float = 1e-4
     device_per_cached: float = 1e-5
     complete: float = 2e-4
-    wake: tuple | None = None  # (gap, host factor, launch factor), as CalibratedCostModel.wake
+    wake: tuple | None = None  # (gap, host factor, launch factor, device s), as CalibratedCostModel.wake
 
     def step_cost(self, extend_lens, cached_lens) -> StepCost:
         n, c = np.asarray(extend_lens), np.asarray(cached_lens)
@@ -442,19 +442,23 @@ def test_overlap_timeline_matches_hand_computation(overlap):
 def test_a_step_after_an_idle_gap_takes_the_wake_factors():
     """Two requests, the second arriving at t=30 when the first has long finished (at 16.5):
     its prefill is launched after 13.5 s of idle host, so its host and launch times take the
-    wake factors (x3, x2); every other step is as in the hand computation above."""
+    wake factors (x3, x2) and its device time the wake's 1.5 s; every other step is as in the
+    hand computation above."""
     import dataclasses
     w = dataclasses.replace(const_workload([(-1, 4, 3, 0.0, -1), (-1, 4, 3, 30.0, -1)]),
-                            cost=dataclasses.replace(CONST, wake=(1.0, 3.0, 2.0)))
+                            cost=dataclasses.replace(CONST, wake=(1.0, 3.0, 2.0, 1.5)))
     driver, sched, (a, b), ex = run_sim(w)
     cols = driver.steps.cols
     assert list(cols["prefill_tokens"]) == [4, 0, 0, 4, 0, 0]
     assert cols["host_s"] == pytest.approx([1.0, 1.0, 1.0, 3.0, 1.0, 1.0])
     assert cols["launch_s"] == pytest.approx([2.0, 2.0, 2.0, 4.0, 2.0, 2.0])
+    assert cols["duration_s"] == pytest.approx([5.0, 5.0, 5.0, 6.5, 5.0, 5.0])
+    assert cols["predicted_s"] == pytest.approx([5.0] * 6)  # the cost model's own time: no wake in it
     assert a.token_times == pytest.approx(HAND[True]["tokens"])
-    # b's prefill: scheduled 30, host 3 -> device 33..38, enqueued by 37; its decode (host busy
-    # until then: not woken) is launched at 37 and returns at 40, when the prefill is collected
-    assert b.first_token == pytest.approx(40.0)
+    # b's prefill: scheduled 30, host 3 -> device 33..39.5, enqueued by 37; its decode (host busy
+    # until then: not woken) is launched at 37 (device 39.5..44.5) and returns at 40, when the
+    # prefill is collected; the second decode, scheduled at 40.5, runs 44.5..49.5
+    assert b.token_times == pytest.approx([40.0, 44.5, 49.5])
     check_no_kv_held(sched)
 
 

@@ -121,7 +121,7 @@ def markdown(res: dict, out: Path, profile_info: dict, device: dict) -> str:
              "(benchmarks/diag_thermo.py, benchmarks/results/host/). Where the engine is host-bound (Qwen3-0.6B at "
              "small batches, chunked prefill steps) its metrics move with this speed; the simulator replays every "
              "run at 1.00, and a step launched after an idle gap at the profile's wake factors"
-             + "".join(f"; {m}: host x{v['wake'][0]:.2f}, launch x{v['wake'][1]:.2f}"
+             + "".join(f"; {m}: host x{v['wake'][0]:.2f}, launch x{v['wake'][1]:.2f}, device +{v['wake'][2] * 1e3:.2f} ms"
                        for m, v in profile_info.items() if v["wake"])
              + "." + (f" Over these engine runs the host speed had a median of {np.median(speeds):.2f} (from "
                       f"{min(speeds):.2f} to {max(speeds):.2f})." if speeds else ""), ""]
@@ -284,7 +284,7 @@ def profile_info(out: Path, cells) -> dict:
                  if len(v := d.get("device_s_by_start", [])) > 1 for t in v]
         w = p["host"]["all"].get("wake")
         info[model] = {"host_starts": [h.get("date") for h in p.get("host_machines", [m])],
-                       "wake": (w["host"], w["launch"]) if w else None,
+                       "wake": (w["host"], w["launch"], w.get("device_s", 0.0)) if w else None,
                        "device_starts": [h.get("date") for h in p.get("device_machines", [m])],
                        "graph_starts": [h.get("date") for h in p.get("graph_machines", [])],
                        "device_apart": (float(np.median(apart)), float(np.percentile(apart, 90))) if apart else None,

@@ -8,7 +8,7 @@ last kernel is enqueued. The step loop waits until the handle's `host_done`, the
 launching the next step, with overlap) until its `ready_at`, and spends `complete_cost`
 applying the result. A step launched after the host sat idle (nothing in flight, the last
 result applied more than the cost model's wake gap ago) takes its wake factors on its host
-and launch times, as the engine's first step after a sleep does. Tokens are synthetic; the executor reads nothing of the scheduler
+and launch times and its wake time on the device, as the engine's first step after a sleep does. Tokens are synthetic; the executor reads nothing of the scheduler
 but the plan."""
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ class SimExecutor:
         self.now = now  # the simulated clock
         self.device_free = 0.0  # when the device finishes the last step launched
         self.applied = None  # when the host has applied the last step's result (None: no step yet)
-        self.wake = cost_model.wake  # (gap, host factor, launch factor) or None
+        self.wake = cost_model.wake  # (gap, host factor, launch factor, device s) or None
 
     def launch(self, plan: BatchPlan) -> SimHandle:
         c = self.cost_model.step_cost(plan.extend_lens, plan.cached_lens)
@@ -52,7 +52,7 @@ class SimExecutor:
         included; host_done; end; device duration; the new device_free and applied). Pure: the
         fast path (testbed/sim/fastpath.py) places its steps with it before committing them."""
         if self.wake is not None and applied is not None and t - applied > self.wake[0]:
-            host, launch = host * self.wake[1], launch * self.wake[2]
+            host, launch, device = host * self.wake[1], launch * self.wake[2], device + self.wake[3]
         ready = t + host
         start = max(device_free, ready)
         end = max(start + device, ready + launch)

@@ -57,8 +57,9 @@ class StepCost:
 class CostModel(Protocol):
     """Predicts the time of one engine step (seconds)."""
 
-    #: (idle gap s, host factor, launch factor): a step launched after the host sat idle for
-    #: longer than the gap has its host and launch times multiplied so; None: no such effect
+    #: (idle gap s, host factor, launch factor, device s): a step launched after the host sat
+    #: idle for longer than the gap has its host and launch times multiplied so and its device
+    #: time lengthened so; None: no such effect
     wake: tuple[float, float, float] | None
 
     def step_time(self, extend_lens: np.ndarray, cached_lens: np.ndarray) -> float:

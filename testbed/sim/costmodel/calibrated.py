@@ -201,9 +201,10 @@ class CalibratedCostModel:
         fits = prof["host"][self.policy]
         self.host = {part: {f: v * k for f, v in coef.items()} for part, coef in fits.items() if part != "wake"}
         w = fits.get("wake")
-        #: (idle gap in seconds, host factor, launch factor) of a step launched after an idle gap,
-        #: or None: the profile's host workloads had too few such steps to fit it
-        self.wake = (w["gap_s"], w["host"], w["launch"]) if w else None
+        #: (idle gap in seconds, host factor, launch factor, device seconds added) of a step
+        #: launched after an idle gap, or None: the profile's host workloads had too few such
+        #: steps to fit it (a profile fitted before the device term: none added)
+        self.wake = (w["gap_s"], w["host"], w["launch"], w.get("device_s", 0.0)) if w else None
         g = prof["device"]["graph"]
         self.sizes = np.array(g["sizes"] if g else [], np.int64)
         self.max_graph = int(self.sizes[-1]) if len(self.sizes) else 0

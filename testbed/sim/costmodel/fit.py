@@ -27,7 +27,12 @@ cost model's profile (testbed/sim/costmodel/calibrated.py says what each part pr
   deviations (``median_nnls`` says why). Steps launched after the host sat idle for more than
   ``WAKE_GAP_S`` take longer on every host part (caches gone cold, the core woken): their
   median ``host_s`` and ``launch_s`` over the fit's prediction are the profile's wake factors
-  (``fit_wake``), which the simulator applies to a step it launches after an idle gap. A decode step's ``host_s`` holds the policy's own
+  (``fit_wake``), which the simulator applies to a step it launches after an idle gap. Such a
+  step also runs longer on the device, by a near-constant time whatever its size (0.6-1.2 ms
+  on the H200 for 126- to 2,889-token prompts: the GPU and its launch queue waking, not more
+  work): the median of its measured device time less the device model's, over the woken
+  steps of one fresh prompt (their batch is known exactly from the step's row), is the
+  profile's wake ``device_s`` (``fit_device_wake``). A decode step's ``host_s`` holds the policy's own
   scheduling and each policy's workload has hundreds of them, so it is fitted per policy;
   the prefill steps (a few dozen per policy outside ``chunked``), launching and completing
   are fitted over all policies.
@@ -509,6 +514,15 @@ def predict_host_parts(fits: dict, reqs, tokens, kv_tokens, max_graph: int,
                                    lin("complete_prefill", COMPLETE_FEATURES))}
 
 
+def fit_device_wake(rows: list[dict], model) -> tuple[float, int] | None:
+    """(seconds a woken step's device time exceeds the device model's, steps it is the median
+    of) over the woken host-workload steps of one prompt and no decodes, whose batch the row
+    gives exactly; None when there are fewer than WAKE_MIN_STEPS of them."""
+    extra = [r["duration_s"] - model.device_time([r["prefill_tokens"]], [r["context_tokens"] - r["prefill_tokens"]])
+             for r in rows if woken(r) and r["batch_reqs"] == 1 and r["prefill_reqs"] == 1 and not r["decode_reqs"]]
+    return (float(np.median(extra)), len(extra)) if len(extra) >= WAKE_MIN_STEPS else None
+
+
 def fit_wake(rows: list[dict], fits: dict, max_graph: int, whole: WholeStepRule | None = None) -> dict:
     """The median over steps launched after an idle gap of host_s and launch_s over what the
     fits predict for them; gap_s: the idle time from which a step counts as woken."""
@@ -569,6 +583,9 @@ def fit_profile(raw: dict, deployment: dict, spec, fa: Fa2Shape | None, name: st
             k for r in hrows for k in r)}},
     }
     model = CalibratedCostModel(spec, load_hardware(deployment["hardware"]), profile=prof, policy="all")
+    dw = fit_device_wake(hrows, model) if "wake" in host["all"] else None
+    if dw is not None:  # every policy's fits share the pooled wake dict
+        host["all"]["wake"] |= {"device_s": max(dw[0], 0.0), "device_n": dw[1]}
     prof["fit_error"] = fit_errors(model, prof)
     return prof
 
@@ -618,7 +635,8 @@ def fit_errors(model, prof: dict) -> dict:
         n_woken = sum(map(woken, rows))
         rows = [r for r in rows if not woken(r)]  # woken steps: the wake factors
         w = prof["host"]["all"].get("wake")
-        out["wake"] = {"n": n_woken, **({"host_factor": w["host"], "launch_factor": w["launch"]} if w else {})}
+        out["wake"] = {"n": n_woken, **({"host_factor": w["host"], "launch_factor": w["launch"],
+                                         "device_s": w.get("device_s", 0.0)} if w else {})}
         for pol in sorted(set(h["policy"])):
             sub = [r for r in rows if r["policy"] == pol]
             c = host_columns(sub)
@@ -642,6 +660,7 @@ def report(prof: dict) -> str:
                          f"{e['median_abs_rel_err']:>9.1%} {e['p90_abs_rel_err']:>9.1%} {e['total_rel_err']:>+7.1%}")
     w = prof["fit_error"].get("wake", {})
     lines.append(f"  steps after an idle gap: {w.get('n', 0)}" + (
-        f"; wake factors host x{w['host_factor']:.2f}, launch x{w['launch_factor']:.2f}" if "host_factor" in w
+        f"; wake factors host x{w['host_factor']:.2f}, launch x{w['launch_factor']:.2f}, device "
+        f"+{w.get('device_s', 0.0) * 1e3:.2f} ms" if "host_factor" in w
         else " (too few for wake factors)"))
     return "\n".join(lines)
