@@ -69,8 +69,13 @@ def test_graph_padding_and_eager_path():
     t17, t32 = model.device_time(*decode(17, 31)), model.device_time(*decode(32, 16))  # 544 KV tokens each
     i = list(sizes).index(32)
     assert 17 not in sizes and t17 >= t32
-    assert t17 == pytest.approx(model._g_const[i] + model._g_slope[i] * 544 + model._g_third[i] * (32 * 32 - 544))
-    assert t32 == pytest.approx(model._g_const[i] + model._g_slope[i] * 544)
+    # the split-KV plan's features (decode_plan.py) of the padded batch: 17 rows of 32, 15 of 1
+    load, tail = model._plan.features(np.r_[np.full(17, 32), np.ones(15, int)])
+    assert tail > 0 and model._plan.features(np.full(32, 17)) == (model._plan.load(np.full(32, 17)), 0.0)
+    assert t17 == pytest.approx(model._g_const[i] + model._g_slope[i] * 544 + model._g_third[i] * load
+                                + model._g_tail[i] * tail)
+    assert t32 == pytest.approx(model._g_const[i] + model._g_slope[i] * 544
+                                + model._g_third[i] * model._plan.load(np.full(32, 17)))
     assert model.kind(*decode(256)) == "graph" and model.kind(*decode(257)) == "eager"
     assert model.kind([5, 1], [0, 10]) == "eager"
     # a prefill chunk costs more the longer it is and the more context it attends over

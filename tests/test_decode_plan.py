@@ -57,6 +57,21 @@ def test_unsplit_graph_waits_for_its_longest_block_and_for_the_second_wave():
     assert plan.load(np.r_[np.full(159, 10), 5000]) >= 5000
 
 
+def test_tail_is_the_longest_blocks_tokens_beyond_the_free_share_of_the_mean():
+    from testbed.sim.costmodel.decode_plan import TAIL_FREE
+    plan = DecodePlan(**H200_QWEN)
+    assert plan.features(np.full(96, 1280)) == (plan.load(np.full(96, 1280)), 0.0)  # equal blocks: no tail
+    # unsplit (160 rows x 8 heads >= the grid): one block a row, the longest row's excess
+    lens = np.r_[np.full(159, 1000), 4000]
+    assert plan.tail(lens) == 4000 - TAIL_FREE * lens.mean()
+    # split: a row of 4x is cut into chunks; the tail is the longest chunk's excess over the mean chunk
+    lens = np.r_[np.full(31, 1000), 4000]
+    c = plan.chunk(lens)
+    work = np.concatenate([[c] * (-(-L // c) - 1) + [L - c * (-(-L // c) - 1)] for L in lens])
+    assert plan.tail(lens) == max(0.0, work.max() - TAIL_FREE * work.mean())
+    assert plan.features(lens) == (plan.load(lens), plan.tail(lens))
+
+
 def test_fit_graph_recovers_a_plan_load_model():
     plan = DecodePlan(**H200_QWEN)
     sizes = [16, 32]

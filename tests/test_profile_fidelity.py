@@ -55,7 +55,7 @@ def test_profiler_grid_keeps_within_limits():
     assert decode_sizes([1, 2, 4, 8, 16], 16) == [1, 2, 4, 8, 16]
     assert decode_sizes([1, 2, 4, 8, 16], 64) == [1, 2, 4, 8, 16, 17, 40, 64]
     grid = device_grid(2048, 64, [1, 2, 4, 8, 16], max_kv=100_000)
-    assert {sh.kind for sh in grid} == {"decode", "prefill", "mixed"} and {sh.pattern for sh in grid} == {"uniform", "spread", "skewed", "near", "served"}
+    assert {sh.kind for sh in grid} == {"decode", "prefill", "mixed"} and {sh.pattern for sh in grid} == {"uniform", "spread", "skewed", "near", "served", "tailed"}
     from testbed.sim.costmodel.fit import sample_batch
     for sh in grid:
         assert len(sh.extend) <= 64 and sum(sh.extend) + sum(sh.cached) <= 100_000
@@ -282,8 +282,8 @@ def test_readme_figures_are_the_reports():
 
 def test_a_sample_of_an_unknown_pattern_is_refused():
     from testbed.sim.costmodel.fit import sample_batch
-    d = {"kind": "decode", "pattern": "tailed", "reqs": 4, "extend": 1, "cached": 100}
-    with pytest.raises(ValueError, match="'tailed'"):
+    d = {"kind": "decode", "pattern": "hooked", "reqs": 4, "extend": 1, "cached": 100}
+    with pytest.raises(ValueError, match="'hooked'"):
         sample_batch(d)
 
 

@@ -75,6 +75,7 @@ SKEWED_KV = (1024, 4096)  # decode rows of a log-normal spread of contexts (fit.
 # the same KV (decode_plan.py says why)
 NEAR_KV = (512, 1280, 3072)
 SERVED_KV = (768, 2048)
+TAILED_KV = (768, 1536, 3072)  # one row of 4x beside near ones (fit.tailed_lengths): DecodePlan.tail's samples
 HOST_POLICIES = ("chunked", "prefill_first", "decode_first")
 # the serving host workloads: (requests per second, requests); a light one, mostly idle
 # between requests (the steps after an idle gap), and a moderate one
@@ -129,7 +130,7 @@ def device_grid(max_tokens: int, max_running: int, graph_sizes: list[int], max_k
                 shapes.append(Shape("decode", [1] * b, (lengths - 1).tolist(), "skewed", L - 1))
         if b in graph_sizes and b > 1 and not quick:
             least = graph_sizes[graph_sizes.index(b) - 1] + 1 if graph_sizes.index(b) > 0 else b
-            for pattern, kvs in (("near", NEAR_KV), ("served", SERVED_KV)):
+            for pattern, kvs in (("near", NEAR_KV), ("served", SERVED_KV), ("tailed", TAILED_KV)):
                 for L in kvs:
                     for rows in sorted({b, max(least, 2)}):
                         lengths = PATTERNS[pattern](L, rows)

@@ -8,7 +8,9 @@ overlap protocol, testbed/sim/executor.py):
 * ``device``: a decode-only batch of B <= the largest CUDA graph runs in the smallest
   captured graph of size s >= B: ``a_s + b_s * KV tokens + i_s * imbalance`` (padding
   included: the size is s, not B; imbalance = rows x the longest context - the KV tokens: at
-  batch 17-64 Llama-3.1-8B's graph decode takes as long as its longest rows). Anything else
+  batch 17-64 Llama-3.1-8B's graph decode takes as long as its longest rows; where the profile
+  recorded flashinfer's split-KV decode plan, its busiest SM's KV and its longest block's tail
+  instead, decode_plan.py). Anything else
   runs eagerly (in the piecewise CUDA graph of the smallest size >= its tokens, when the
   profile was measured with them): ``base(padded tokens)``, the measured curve of one fresh
   prompt of that many tokens, plus fitted seconds per unit of attention work, KV read, requests,
@@ -215,6 +217,8 @@ class CalibratedCostModel:
         self._plan = DecodePlan(**g["plan"]) if g and g.get("plan") else None
         third = "per_load_token_s" if self._plan else "per_imbalance_s"
         self._g_third = np.array(g.get(third, [0.0] * len(self.sizes)) if g else [], float)
+        #: with the plan, the fourth: its longest block's tail (profiles before it have none: zeros)
+        self._g_tail = np.array(g.get("per_tail_token_s", [0.0] * len(self.sizes)) if g else [], float)
         e = prof["device"]["eager"]
         self._bt, self._bs = np.array(e["base_tokens"], float), np.array(e["base_s"], float)
         self._extra = np.array([e["coef_s"].get(k, 0.0) for k in EAGER_EXTRA], float)
@@ -250,11 +254,12 @@ class CalibratedCostModel:
         if graph:
             i = int(np.searchsorted(self.sizes, b))
             s = int(self.sizes[i])
-            if not self._g_third[i]:
-                x3 = 0.0
-            else:
-                x3 = self._plan.load(graph_lengths(n, c, s)) if self._plan else graph_imbalance(n, c, s)
-            return float(self._g_const[i] + self._g_slope[i] * kv + self._g_third[i] * x3)
+            x3 = x4 = 0.0
+            if self._plan is not None and (self._g_third[i] or self._g_tail[i]):
+                x3, x4 = self._plan.features(graph_lengths(n, c, s))
+            elif self._g_third[i]:
+                x3 = graph_imbalance(n, c, s)
+            return float(self._g_const[i] + self._g_slope[i] * kv + self._g_third[i] * x3 + self._g_tail[i] * x4)
         kind = "decode" if tok == b else "prefill"
         if b > self.range["reqs"] or tok > self.range["tokens"] or kv > self.range["kv_tokens"]:
             return self._outside(kind, n, c, b, tok, kv)
@@ -300,7 +305,7 @@ class CalibratedCostModel:
         steps, step by step through step_cost."""
         b = len(cached)
         i = int(np.searchsorted(self.sizes, b)) if self._graph(b, b) else -1
-        if i < 0 or (self._g_third[i] and self._plan):
+        if i < 0 or (self._plan is not None and (self._g_third[i] or self._g_tail[i])):
             return costs_step_by_step(self, cached, k)
         j = np.arange(k, dtype=np.int64)
         kv = int(cached.sum()) + b * j + b

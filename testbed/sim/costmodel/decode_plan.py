@@ -13,10 +13,20 @@ A graph too large to split (rows x kv_heads >= grid) runs a block per row and he
 than fit at once: the later ones wait for the first to finish.
 
 `DecodePlan.load` is that busiest SM's (or, unsplit, the slowest slot's) KV tokens: the decode
-graph fit's third feature. Page size 1 (pages are tokens), as the engine runs."""
+graph fit's third feature. `DecodePlan.tail` is its fourth: how far the plan's longest block
+(split: the chunk, or the longest row if shorter; unsplit: the longest row) runs beyond
+TAIL_FREE x the mean block. Timed by kernel on the H200 (benchmarks/exp_split_kv_kernels.py), all
+blocks of a split graph are resident at once and the attention kernel's time per KV token grows
+with the longest block, not with the busiest SM's total: a block much longer than the others
+streams on alone at the end. Page size 1 (pages are tokens), as the engine runs."""
 from __future__ import annotations
 
 import numpy as np
+
+#: a block up to this many times the mean block ends under the others' bandwidth-bound time; the
+#: tail feature counts its tokens beyond that (of 0.9-1.6, the grid fit's p90 error is least here:
+#: 2.8% against 3.1-3.3% at 1.0 and 1.6, 6.5% without the feature at 96-176 rows)
+TAIL_FREE = 1.25
 
 
 class DecodePlan:
@@ -66,6 +76,14 @@ class DecodePlan:
     def load(self, lens) -> float:
         """KV tokens of the busiest SM (split) or of the last block to finish (unsplit); `lens`: every
         row's context, the graph's padding rows (one token each) included."""
+        return self.features(lens)[0]
+
+    def tail(self, lens) -> float:
+        """Tokens of the plan's longest block beyond TAIL_FREE x its mean block (lens as load's)."""
+        return self.features(lens)[1]
+
+    def features(self, lens) -> tuple[float, float]:
+        """(load, tail) of a batch at once: the cost model's per-step call."""
         lens = np.maximum(np.asarray(lens, np.int64), 1)
         rows = len(lens)
         if rows * self.kv_heads < self.grid:
@@ -73,10 +91,12 @@ class DecodePlan:
             k = (lens + c - 1) // c
             work = np.full(int(k.sum()), c, float)
             work[np.cumsum(k) - 1] = lens - c * (k - 1)  # each row's last chunk holds the rest
-            return float((self._on_sm[:, : len(work)] @ work).max())
+            load = float((self._on_sm[:, : len(work)] @ work).max())
+            return load, max(0.0, float(work.max()) - TAIL_FREE * float(work.mean()))
         # one block per row and head, in block order; those beyond the grid start as the first finish
+        tail = max(0.0, float(lens.max()) - TAIL_FREE * float(lens.mean()))
         work = np.tile(lens, self.kv_heads)
         first, rest = work[: self.grid], work[self.grid:]
         if not len(rest):
-            return float(first.max())
-        return float(max(first.max(), (np.sort(first)[: len(rest)] + rest).max()))
+            return float(first.max()), tail
+        return float(max(first.max(), (np.sort(first)[: len(rest)] + rest).max())), tail

@@ -324,12 +324,23 @@ def served_lengths(length: int, n: int) -> np.ndarray:
     return _shuffled(np.maximum(1, np.round(length * np.exp(0.35 * z - 0.06))).astype(np.int64), length)
 
 
+def tailed_lengths(length: int, n: int) -> np.ndarray:
+    """n - 1 context lengths from 0.8x to 1.2x `length` and one of 4x, in a fixed shuffled order:
+    the large decode batches of the fidelity runs' Azure conversations (145-176 rows around
+    1,100 tokens, the longest 3.4-3.9x the mean), where one row outlasts every other block."""
+    if n == 1:
+        return np.array([length])
+    rows = np.append(np.round(length * np.linspace(0.8, 1.2, n - 1)), 4 * length).astype(np.int64)
+    return _shuffled(rows, length + 1)
+
+
 def _shuffled(lengths: np.ndarray, seed: int) -> np.ndarray:
     return np.random.default_rng(seed + len(lengths)).permutation(lengths)
 
 
 #: a decode sample's context pattern -> its lengths around the base context (sample_batch)
-PATTERNS = {"spread": spread_lengths, "skewed": skewed_lengths, "near": near_lengths, "served": served_lengths}
+PATTERNS = {"spread": spread_lengths, "skewed": skewed_lengths, "near": near_lengths, "served": served_lengths,
+            "tailed": tailed_lengths}
 
 
 def _features(rows: dict[str, np.ndarray], names) -> np.ndarray:
@@ -366,10 +377,11 @@ def graph_lengths(extend, cached, size: int) -> np.ndarray:
 def fit_graph(samples: list[dict], sizes: list[int], plan: dict | None = None) -> dict:
     """Per graph size: seconds fixed, per KV token and per unit of the third feature (NNLS; the
     third column only where the size has samples to tell it apart): with `plan` (flashinfer's
-    split-KV decode plan, see decode_plan.py) the busiest SM's KV tokens, otherwise
-    graph_imbalance. A sample belongs to the smallest size that holds it, as the engine runs it."""
+    split-KV decode plan, see decode_plan.py) the busiest SM's KV tokens and a fourth, the plan's
+    longest block's tail (DecodePlan.tail), otherwise graph_imbalance. A sample belongs to the
+    smallest size that holds it, as the engine runs it."""
     dp = DecodePlan(**plan) if plan else None
-    const, slope, third = [], [], []
+    const, slope, third, fourth = [], [], [], []
     for s in sizes:
         ds = [d for d in samples if d["kind"] == "decode" and d["reqs"] <= s
               and sizes[int(np.searchsorted(sizes, d["reqs"]))] == s]
@@ -378,18 +390,22 @@ def fit_graph(samples: list[dict], sizes: list[int], plan: dict | None = None) -
         y = np.array([d["device_s"] for d in ds])
         kv = np.array([d["kv_tokens"] for d in ds], float)
         if dp is not None:
-            x3 = np.array([dp.load(graph_lengths(*sample_batch(d), s)) for d in ds])
-            useful = np.ptp(x3 / np.maximum(kv, 1)) > 0  # not a multiple of the KV total
+            x3, x4 = np.array([dp.features(graph_lengths(*sample_batch(d), s)) for d in ds]).T
+            cols = [(k, x) for k, x in ((3, x3), (4, x4)) if np.ptp(x / np.maximum(kv, 1)) > 0]  # not a multiple of KV
         else:
             x3 = np.array([graph_imbalance(*sample_batch(d), s) for d in ds])
-            useful = x3.max() > 0
-        cols = [np.ones(len(ds)), kv] + ([x3] if useful else [])
-        c = scaled_nnls(np.column_stack(cols), y) if len(ds) >= 2 else np.array([y.mean(), 0.0])
+            cols = [(3, x3)] if x3.max() > 0 else []
+        c = scaled_nnls(np.column_stack([np.ones(len(ds)), kv] + [x for _, x in cols]), y) if len(ds) >= 2 \
+            else np.array([y.mean(), 0.0])
+        fitted = {k: float(v) for (k, _), v in zip(cols, c[2:])}
         const.append(float(c[0]))
         slope.append(float(c[1]))
-        third.append(float(c[2]) if len(c) > 2 else 0.0)
+        third.append(fitted.get(3, 0.0))
+        fourth.append(fitted.get(4, 0.0))
     out = {"sizes": list(sizes), "const_s": const, "per_kv_token_s": slope}
-    return out | ({"plan": dict(plan), "per_load_token_s": third} if dp is not None else {"per_imbalance_s": third})
+    if dp is None:
+        return out | {"per_imbalance_s": third}
+    return out | {"plan": dict(plan), "per_load_token_s": third, "per_tail_token_s": fourth}
 
 
 def padded_tokens(piece_sizes, tokens) -> np.ndarray:
