@@ -34,6 +34,25 @@ def test_rebuilt_batches_price_as_the_simulator_priced_them(tmp_path, policy):
     assert "decode_graph" in kinds and ({"mixed"} if policy == "chunked" else {"prefill"}) <= kinds
 
 
+def test_woken_steps_are_priced_with_the_wake_as_the_simulator_charged_them(tmp_path):
+    """At a light load most prefills follow an idle gap: their price is the device model's plus
+    the profile's wake device seconds, and a device-bound woken step ran exactly that long in
+    the simulator; every other step is priced at the device model alone."""
+    from testbed.timeline.idle import idle_before
+    r, s, cost = simulate(tmp_path, ["policy=prefill_first", "trace.num_requests=30", "trace.rate=2"])
+    gap, _, _, extra = cost.wake
+    assert extra > 0
+    err = step_device_errors(r, s, cost)
+    assert len(err) == len(s) and err["woken"].sum() >= 5
+    woken = idle_before(s["start_s"], s["end_s"], s["complete_s"]) > gap
+    assert (err["woken"].to_numpy() == woken).all()
+    assert np.allclose(err["predicted_s"], s["predicted_s"] + np.where(woken, extra, 0.0), rtol=1e-12, atol=0)
+    # the simulator ran each woken step for its device time plus the wake (the host's
+    # launch can only lengthen it)
+    assert (s["duration_s"][woken] >= err["predicted_s"][woken] - 1e-12).all()
+    assert np.isclose(s["duration_s"][woken], err["predicted_s"][woken], rtol=1e-9).any()
+
+
 def test_steps_of_preempted_requests_are_left_out(tmp_path):
     r, s, cost = simulate(tmp_path, ["policy=chunked", "policy.reserve=estimate", "engine.num_pages=3000", "trace.rate=200"])
     assert r["preemptions"].sum() > 0

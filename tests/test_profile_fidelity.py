@@ -102,7 +102,8 @@ def test_the_profilers_schedulers_per_policy_fit_the_deployment():
 
 
 def test_serving_workload_and_idle_gaps():
-    from testbed.engine.profiler import idle_before, serving_workload
+    from testbed.engine.profiler import serving_workload
+    from testbed.timeline.idle import idle_before
     reqs = serving_workload(400, 8.0, vocab=1000, max_context=2048, seed=3)
     arrivals = np.array([r.arrival for r in reqs])
     assert arrivals[0] == 0 and (np.diff(arrivals) > 0).all()

@@ -31,6 +31,7 @@ import torch
 from testbed.core import Request, SamplingParams
 from testbed.engine.synthetic_batch import greedy_sampling, synthetic_host_batch
 from testbed.sim.costmodel.fit import PATTERNS, skewed_lengths, spread_lengths
+from testbed.timeline.idle import idle_before
 
 log = logging.getLogger(__name__)
 
@@ -283,16 +284,6 @@ def run_host_workloads(s, spec, parts, schedulers, policies, n: int, serving: bo
                              **{k: cols[k][i] for k in keep}})
             log.info("host workload %s %s: %d steps", name, workload, len(driver.steps))
     return rows
-
-
-def idle_before(start_s, end_s, complete_s) -> np.ndarray:
-    """Per step: how long the host sat idle before scheduling it (0 for the first step and for
-    steps scheduled while another was in flight or being applied)."""
-    start, end, comp = (np.asarray(a, float) for a in (start_s, end_s, complete_s))
-    idle = np.zeros(len(start))
-    if len(start) > 1:
-        idle[1:] = np.maximum(start[1:] - (end[:-1] + comp[:-1]), 0.0)
-    return idle
 
 
 def serving_workload(n: int, rate: float, vocab: int, max_context: int, seed: int) -> list[Request]:

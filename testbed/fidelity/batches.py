@@ -14,6 +14,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from testbed.timeline.idle import idle_before
+
 
 def step_batches(requests: pd.DataFrame, steps: pd.DataFrame) -> list[tuple[np.ndarray, np.ndarray] | None]:
     """Per step row: (extend lengths, cached lengths), or None where a preempted request ran."""
@@ -63,7 +65,11 @@ def step_batches(requests: pd.DataFrame, steps: pd.DataFrame) -> list[tuple[np.n
 
 def step_device_errors(requests: pd.DataFrame, steps: pd.DataFrame, cost) -> pd.DataFrame:
     """A row per rebuilt step: kind (decode_graph, decode_eager, prefill, mixed), requests,
-    measured device seconds (duration_s) and the cost model's device_time."""
+    measured device seconds (duration_s), the device time the simulator would charge it (the
+    cost model's device_time, plus the wake's device seconds for a step launched after the
+    host sat idle longer than the wake's gap) and whether it was so woken."""
+    gap, extra = (cost.wake[0], cost.wake[3]) if cost.wake else (np.inf, 0.0)
+    idle = idle_before(steps["start_s"], steps["end_s"], steps["complete_s"])
     rows = []
     for i, b in enumerate(step_batches(requests, steps)):
         if b is None or not len(b[0]):
@@ -71,8 +77,10 @@ def step_device_errors(requests: pd.DataFrame, steps: pd.DataFrame, cost) -> pd.
         e, c = b
         kind = "prefill" if not (e == 1).any() else "mixed" if (e > 1).any() else (
             "decode_graph" if cost.is_graph(e) else "decode_eager")
-        rows.append((kind, len(e), float(steps["duration_s"].iat[i]), float(cost.device_time(e, c))))
-    return pd.DataFrame(rows, columns=["kind", "reqs", "measured_s", "predicted_s"])
+        woken = bool(idle[i] > gap)
+        rows.append((kind, len(e), float(steps["duration_s"].iat[i]),
+                     float(cost.device_time(e, c)) + (extra if woken else 0.0), woken))
+    return pd.DataFrame(rows, columns=["kind", "reqs", "measured_s", "predicted_s", "woken"])
 
 
 BATCH_BINS = (0, 8, 32, 64, 128, 256, 10**9)
