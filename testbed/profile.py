@@ -15,6 +15,9 @@ hardware) plus the profiler's own:
                   the same deployment) to the host fit
   device_from=A,B with refit: pool the device grids of these profiles with PATH's (per shape,
                   the median over the starts that measured it)
+  local_from=A,B  with refit: these profiles' mixed shapes join the profile's own (kept in its
+                  samples.local) as the measured shapes whose residuals correct the mixed steps
+                  near them (fit.LocalCorrection); the eager fit itself stays on the own grid
   graph_from=A,B  with refit: the CUDA-graph decode shapes from these profiles' grids instead
                   (one grid as measured; several pooled as device_from pools), the other shapes
                   as above: a decode-graph grid re-measured with a profiler change, the rest kept
@@ -28,7 +31,7 @@ import sys
 from pathlib import Path
 
 OWN = {"out": None, "repeats": "5", "policies": None, "quick": "false", "host_requests": None, "refit": None,
-       "host_from": None, "device_from": None, "graph_from": None}
+       "host_from": None, "device_from": None, "graph_from": None, "local_from": None}
 
 
 def parse(argv: list[str]) -> tuple[dict, list[str]]:
@@ -51,9 +54,10 @@ def main(argv=None) -> int:
         extra = [Path(p) for p in own["host_from"].split(",")] if own["host_from"] else []
         dev = [Path(p) for p in own["device_from"].split(",")] if own["device_from"] else []
         graph = [Path(p) for p in own["graph_from"].split(",")] if own["graph_from"] else []
-        return refit(Path(own["refit"]), Path(own["out"]) if own["out"] else None, extra, dev, graph)
-    if own["host_from"] or own["device_from"] or own["graph_from"]:
-        print("error: host_from=, device_from= and graph_from= go with refit=PATH", file=sys.stderr)
+        local = [Path(p) for p in own["local_from"].split(",")] if own["local_from"] else []
+        return refit(Path(own["refit"]), Path(own["out"]) if own["out"] else None, extra, dev, graph, local)
+    if own["host_from"] or own["device_from"] or own["graph_from"] or own["local_from"]:
+        print("error: host_from=, device_from=, graph_from= and local_from= go with refit=PATH", file=sys.stderr)
         return 2
     try:
         from testbed import assemble
@@ -132,11 +136,12 @@ def recorded_limits_and_policy(prof: dict) -> list[str]:
 
 
 def refit(path: Path, out: Path | None, host_from: list[Path] = (), device_from: list[Path] = (),
-          graph_from: list[Path] = ()) -> int:
+          graph_from: list[Path] = (), local_from: list[Path] = ()) -> int:
     """Fit a stored profile's samples again, with the deployment it records; host_from: more
     profiles of the same deployment whose host workloads join the host fit; device_from: more
     whose device grids are pooled with this one's; graph_from: profiles whose CUDA-graph decode
-    shapes replace the grid's (several: pooled among them)."""
+    shapes replace the grid's (several: pooled among them); local_from: profiles whose mixed
+    shapes join the local correction's (with those the profile kept from an earlier refit)."""
     from testbed import assemble
     from testbed.config import compose
     from testbed.sim.costmodel.calibrated import load_profile, write_profile
@@ -176,7 +181,13 @@ def refit(path: Path, out: Path | None, host_from: list[Path] = (), device_from:
                 pool_device_samples([g["samples"]["device"] for g in graph_grids])
             device = [d for d in device if not in_graph(d)] + [d for d in theirs if in_graph(d)]
             grids = graph_grids + grids  # the decode plan: the graph grid's first
-        raw = {"device_samples": device, "host_samples": host,
+        local, local_machines = list(old["samples"].get("local", [])), list(old.get("local_machines", []))
+        for p in local_from:  # a profile's shapes once, however often it is named
+            if p.stem not in {d.get("start") for d in local}:
+                other = same_deployment(p, "local_from")
+                local += [d | {"start": p.stem} for d in other["samples"]["device"] if d["kind"] == "mixed"]
+                local_machines.append(other["machine"])
+        raw = {"device_samples": device, "host_samples": host, "local_samples": local,
                "graph_sizes": e["graph_sizes"], "piece_sizes": old["device"]["eager"].get("piece_sizes", []),
                "num_pages": e["num_pages"], "machine": old["machine"], "timing": old["timing"],
                # the split-KV plan: a property of the GPU and the kernel; older grids did not read it
@@ -196,6 +207,8 @@ def refit(path: Path, out: Path | None, host_from: list[Path] = (), device_from:
             prof["device_machines"] = [g["machine"] for g in grids if g not in graph_grids]  # the pooled grids' starts
         elif "device_machines" in old:
             prof["device_machines"] = old["device_machines"]
+        if local_machines:
+            prof["local_machines"] = local_machines  # the starts whose mixed shapes samples.local holds
         if graph_grids:
             prof["graph_machines"] = [g["machine"] for g in graph_grids]  # the decode-graph shapes' starts
         elif "graph_machines" in old:

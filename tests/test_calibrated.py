@@ -203,6 +203,7 @@ def test_refit_reproduces_the_committed_profile(tmp_path):
     # last bits differently
     assert _close(new["host"], old["host"]) and _close(new["device"], old["device"])
     assert new["engine"] == old["engine"] and new["policy"] == old["policy"]  # the deployment it records
+    assert new["samples"]["local"] == old["samples"]["local"]  # other starts' mixed shapes stay with it
     assert "device_decode" in p.stdout and "chunked_launch_s" in p.stdout
     p = subprocess.run([sys.executable, "-m", "testbed.profile", f"refit={tmp_path / 'none.json'}"],
                        cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -449,3 +450,69 @@ def test_device_grids_of_several_starts_pool_to_the_median_per_shape():
     assert [p["reqs"] for p in pooled] == [8, 16]
     assert pooled[0]["device_s"] == 2.0 and pooled[0]["device_s_by_start"] == [1.0, 2.0, 9.0]
     assert pooled[1]["device_s"] == 5.0 and pooled[1]["device_s_by_start"] == [5.0]
+
+
+# ---------------------------------------------------------------------- the local correction
+def test_local_correction_is_the_near_shapes_residual_and_none_far_from_them():
+    from testbed.sim.costmodel.fit import Fa2Shape, LocalCorrection, local_features
+    fa = Fa2Shape(group=2, kv_heads=8, num_sms=132, page_size=1)
+    chunk = lambda decodes, ctx: ([496] + [1] * decodes, [3000] + [ctx] * decodes)  # noqa: E731
+    shapes = [chunk(16, 12000), chunk(17, 12000), chunk(16, 20000)]
+    res = np.log([1.10, 1.12, 0.95])
+    groups = {local_features(*b, fa)[0] for b in shapes}
+    assert len(groups) == 1
+    places = np.array([local_features(*b, fa)[1] for b in shapes])
+    lc = LocalCorrection({groups.pop(): (places, res)}, fa, k=2, radius=0.4, soften=0.3)
+    # at a measured shape: its own residual and its nearest neighbour's, weighted by closeness
+    d = np.sqrt(((places - places[0]) ** 2).sum(axis=1))
+    near = np.argsort(d)[:2]
+    w = 1 / (d[near] + 0.3)
+    assert lc.factor(*shapes[0]) == pytest.approx(math.exp((w * res[near]).sum() / w.sum()))
+    assert 1.10 < lc.factor(*shapes[0]) < 1.12
+    # far from every measured shape: none (a longer chunk in the same group, or another query
+    # tile: a short chunk beside 100 decodes)
+    assert lc.factor([1400] + [1] * 16, [3000] + [12000] * 16) == 1.0
+    other = ([64] + [1] * 100, [0] + [500] * 100)
+    assert local_features(*other, fa)[0] != local_features(*shapes[0], fa)[0] and lc.factor(*other) == 1.0
+
+
+def test_the_committed_profile_corrects_mixed_steps_only():
+    """Its mixed steps near a measured shape are priced by that shape's residual; prefill and
+    decode steps keep the fit's price."""
+    model = cm()
+    assert model._local is not None and len(model._local.residuals) > 400
+    plain = CalibratedCostModel(QWEN, load_hardware("h200"), profile={
+        **{k: v for k, v in load_profile(PROFILE).items() if k != "device"},
+        "device": {**load_profile(PROFILE)["device"], "eager": {
+            k: v for k, v in load_profile(PROFILE)["device"]["eager"].items() if k != "local"}}})
+    assert plain._local is None
+    for batch in (([2048], [0]), ([512] * 4, [1024] * 4), decode(64, 700)):
+        assert model.device_time(*batch) == plain.device_time(*batch)
+    # at the measured shapes the prices move toward their times (another start's measurement
+    # of a shape may lie a few percent from this one's: not each shape, the typical one)
+    local = load_profile(PROFILE)["samples"]["local"][::5]
+    err, err0 = (np.array([abs(m.device_time(*sample_batch(d)) / d["device_s"] - 1) for d in local])
+                 for m in (model, plain))
+    assert (err != err0).mean() > 0.9 and np.median(err) < 0.5 * np.median(err0)
+
+
+def test_refit_with_local_from_keeps_the_eager_fit_and_adds_the_other_starts_mixed_shapes(tmp_path):
+    other = REPO / "benchmarks/results/fidelity/start17/profile_start17_h200_qwen3_0_6b.json"
+    base = tmp_path / "base.json"
+    old = load_profile(PROFILE)
+    write_profile({**{k: v for k, v in old.items() if k != "local_machines"},
+                   "samples": {k: v for k, v in old["samples"].items() if k != "local"}}, base)
+    out = tmp_path / "l.json"
+    p = subprocess.run([sys.executable, "-m", "testbed.profile", f"refit={base}", f"local_from={other},{other}",
+                        f"out={out}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    new = json.loads(out.read_text())
+    theirs = [d for d in json.loads(other.read_text())["samples"]["device"] if d["kind"] == "mixed"]
+    assert len(new["samples"]["local"]) == len(theirs)  # named twice, kept once
+    assert {d["start"] for d in new["samples"]["local"]} == {other.stem}
+    assert new["local_machines"] == [json.loads(other.read_text())["machine"]]
+    assert _close(new["device"]["eager"]["coef_s"], old["device"]["eager"]["coef_s"])  # the fit: the own grid's
+    assert new["device"]["eager"]["local"] == {"k": 3, "radius": 0.4, "soften": 0.3}
+    p = subprocess.run([sys.executable, "-m", "testbed.profile", f"local_from={other}"],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "go with refit=PATH" in p.stderr

@@ -14,7 +14,9 @@ overlap protocol, testbed/sim/executor.py):
   runs eagerly (in the piecewise CUDA graph of the smallest size >= its tokens, when the
   profile was measured with them): ``base(padded tokens)``, the measured curve of one fresh
   prompt of that many tokens, plus fitted seconds per unit of attention work, KV read, requests,
-  imbalance and the attention kernel's busiest-SM load (fit.fa2_load) beyond that prompt's.
+  imbalance and the attention kernel's busiest-SM load (fit.fa2_load) beyond that prompt's;
+  a mixed step near measured mixed shapes (the grid's, and other machine starts' kept in the
+  profile's samples.local) times their residual over that fit (fit.LocalCorrection).
 * ``host`` (schedule, batch build, upload), ``launch`` (enqueueing; a decode graph, a whole-step
   graph where the profile was measured with ``engine.whole_step_graphs`` and its rule,
   fit.WholeStepRule, takes the step, or eager) and
@@ -49,9 +51,9 @@ import numpy as np
 from testbed.modelspec import ModelSpec
 from testbed.sim.costmodel.base import COST_MODELS, StepCost, as_batch, costs_step_by_step
 from testbed.sim.costmodel.decode_plan import DecodePlan
-from testbed.sim.costmodel.fit import (EAGER_EXTRA, MODEL_FIELDS, PROFILE_FORMAT, Fa2Shape, base_curve, eager_extras,
-                                       graph_imbalance, graph_lengths, padded_tokens, predict_host_parts,
-                                       whole_step_rule)
+from testbed.sim.costmodel.fit import (EAGER_EXTRA, MODEL_FIELDS, PROFILE_FORMAT, Fa2Shape, LocalCorrection,
+                                       base_curve, eager_extras, fa2_load, fa2_plan, graph_imbalance, graph_lengths,
+                                       padded_tokens, predict_host_parts, whole_step_rule)
 from testbed.sim.costmodel.hardware import HardwareSpec
 
 __all__ = ["CalibratedConfig", "CalibratedCostModel", "PROFILES_DIR", "available_profiles", "load_profile",
@@ -225,6 +227,7 @@ class CalibratedCostModel:
         self._pieces = np.array(e.get("piece_sizes", []), float)  # empty: profiled without piecewise graphs
         self._base: dict[int, float] = {}  # the base curve at a step's (padded) token count, by tokens
         self._fa2 = Fa2Shape(**e["fa2"]) if e.get("fa2") else None
+        self._local = None  # set below: the fitted price it corrects is computed without it
         #: the eager steps the engine ran as whole-step graphs (their own launch fit), or None
         self._whole = whole_step_rule(prof["engine"], e.get("piece_sizes", []), spec.num_q_heads // spec.num_kv_heads)
         if self._whole and "launch_whole" not in self.host:
@@ -233,6 +236,10 @@ class CalibratedCostModel:
         self.range = prof["device"]["range"]
         self._warned: set[str] = set()
         self._roofline = None
+        if e.get("local") and self._fa2 is not None:
+            smp = prof.get("samples", {})
+            self._local = LocalCorrection.fit([*smp.get("device", []), *smp.get("local", [])], self.device_time,
+                                              self._fa2, **e["local"])
 
     # ------------------------------------------------------------------ parts
     def is_graph(self, n: np.ndarray) -> bool:
@@ -263,11 +270,17 @@ class CalibratedCostModel:
         kind = "decode" if tok == b else "prefill"
         if b > self.range["reqs"] or tok > self.range["tokens"] or kv > self.range["kv_tokens"]:
             return self._outside(kind, n, c, b, tok, kv)
-        x = eager_extras(n, c, self._fa2)
+        fa = self._fa2
+        plan = fa2_plan(n, c, fa) if fa is not None and tok > b else None  # the prefill kernel's
+        load = fa2_load(n, c, fa, plan) if plan else None
+        x = eager_extras(n, c, fa, load)
         base = self._base.get(tok)
         if base is None:  # a replay's eager steps have few distinct token counts (its chunk sizes)
             base = self._base[tok] = base_curve(self._bt, self._bs, padded_tokens(self._pieces, [tok]))[0]
-        return float(base + self._extra @ x)
+        t = float(base + self._extra @ x)
+        if self._local is not None and plan and (n == 1).any():  # a mixed step
+            t *= self._local.factor(n, c, plan, load)
+        return t
 
     def _outside(self, kind, n, c, b, tok, kv) -> float:
         if kind not in self._warned:
@@ -349,9 +362,10 @@ def write_profile(prof: Mapping[str, Any], path: str | os.PathLike) -> Path:
     text = json.dumps(clean, indent=1)
     if "samples" in prof:  # a device sample, or a host column, per line: readable diffs, a tenth of the lines
         smp = prof["samples"]
-        dev = ",\n".join("   " + json.dumps(d) for d in smp.get("device", []))
+        rows = "".join(f'  {json.dumps(g)}: [\n' + ",\n".join("   " + json.dumps(d) for d in smp[g]) + "\n  ],\n"
+                       for g in ("device", "local") if g in smp)
         host = ",\n".join(f"   {json.dumps(k)}: {json.dumps(v)}" for k, v in smp.get("host", {}).items())
-        text = text[:-2] + f',\n "samples": {{\n  "device": [\n{dev}\n  ],\n  "host": {{\n{host}\n  }}\n }}\n}}'
+        text = text[:-2] + f',\n "samples": {{\n{rows}  "host": {{\n{host}\n  }}\n }}\n}}'
     p.write_text(text + "\n")
     json.loads(p.read_text())  # what was written reads back
     return p

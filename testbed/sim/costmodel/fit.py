@@ -18,7 +18,9 @@ cost model's profile (testbed/sim/costmodel/calibrated.py says what each part pr
   load per query tile (``fa2_load``). That last term carries mixed steps: flashinfer's
   batch-prefill plan gives a decode row beside a chunk a whole query tile of 16-128 rows, and
   the step takes as long as its busiest SM, not as its total work (``fa2_plan`` emulates the
-  plan from the batch).
+  plan from the batch). A mixed step within reach of measured mixed shapes (the grid's, and
+  those other machine starts measured: ``refit ... local_from=``) is then corrected by their
+  residual over this fit (``LocalCorrection``): the linear fit's residuals follow the shape.
 * Host, per step kind (decode-only or not): non-negative linear fits on the batch's
   requests, new tokens and KV tokens of ``host_s`` (schedule, batch build, upload),
   ``launch_s`` (enqueueing; its own fit for decode-graph, whole-step-graph and eager steps) and ``complete_s``, over
@@ -48,6 +50,7 @@ import bisect
 import dataclasses
 import datetime as _dt
 import functools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,6 +58,10 @@ import numpy as np
 from testbed.sim.costmodel.decode_plan import DecodePlan
 
 PROFILE_FORMAT = 2
+#: the local correction of mixed steps (LocalCorrection): the residuals of the k measured mixed
+#: shapes nearest a step, weighted 1 / (distance + soften), when the nearest lies within the
+#: radius of it (local_features' units: a factor 2**0.4 = 1.3 in one of the sizes)
+LOCAL = {"k": 3, "radius": 0.4, "soften": 0.3}
 #: a step scheduled after the host sat idle this long counts as woken (fit_wake); the
 #: engine's loop sleeps only when nothing is in flight and the next arrival is ahead
 WAKE_GAP_S = 1e-3
@@ -245,15 +252,15 @@ def fa2_plan(extend, cached, fa: Fa2Shape) -> tuple[int, int, int]:
     return tile, chunk * fa.page_size, sum(t * -(-k // chunk) for t, k in pairs)
 
 
-def fa2_load(extend, cached, fa: Fa2Shape) -> np.ndarray:
+def fa2_load(extend, cached, fa: Fa2Shape, plan: tuple[int, int, int] | None = None) -> np.ndarray:
     """The KV tokens the busiest SM works through under the plan, in the column of the plan's
     query tile (FA2_FEATURES). When every block is resident at once (at most two an SM): its
     longest work item, twice over when two blocks share an SM, or the KV tokens all blocks
     attend to spread over the SMs when that is more; when the blocks run in waves: that spread
     plus one longest item (the last wave's tail). Causal: a query tile attends to the prefix
     and the new tokens up to its last row. A KV token costs more the larger the tile (64
-    query rows compute 4x 16)."""
-    tile, chunk, items = fa2_plan(extend, cached, fa)
+    query rows compute 4x 16). plan: fa2_plan's, when the caller has it."""
+    tile, chunk, items = plan or fa2_plan(extend, cached, fa)
     n = np.asarray(extend, np.int64)
     c = np.asarray(cached, np.int64)
     rows = max(tile // fa.group, 1)  # new tokens a query tile holds
@@ -268,23 +275,86 @@ def fa2_load(extend, cached, fa: Fa2Shape) -> np.ndarray:
     return np.array([load if t == tile else 0.0 for t in FA2_TILES], float)
 
 
-def eager_extras(extend, cached, fa: Fa2Shape | None) -> np.ndarray:
+def eager_extras(extend, cached, fa: Fa2Shape | None, load: np.ndarray | None = None) -> np.ndarray:
     """What a batch has beyond one fresh prompt of the same tokens (EAGER_EXTRA): attention
     work, KV tokens read beyond the new ones, requests beyond one, imbalance, and the
     prefill kernel's busiest-SM load per query tile (fa2_load; a decode-only batch runs the
-    decode kernel: none; fa None: the profile has no fa2 shape)."""
+    decode kernel: none; fa None: the profile has no fa2 shape; load: fa2_load's, when the
+    caller has it)."""
     n, c = np.asarray(extend, np.int64), np.asarray(cached, np.int64)
     t = int(n.sum())
     head = [attn_work(n, c) - t * (t + 1) / 2, float(c.sum()), len(n) - 1.0, imbalance(n, c)]
     if fa is None or t == len(n):
         return np.array(head + [0.0] * len(FA2_FEATURES))
-    return np.concatenate([head, fa2_load(n, c, fa) - _fresh_load(t, fa)])
+    return np.concatenate([head, (fa2_load(n, c, fa) if load is None else load) - _fresh_load(t, fa)])
 
 
 @functools.lru_cache(maxsize=4096)
 def _fresh_load(tokens: int, fa: Fa2Shape) -> np.ndarray:
     """fa2_load of one fresh prompt (the base curve's), once per token count."""
     return fa2_load([tokens], [0], fa)
+
+
+def local_features(extend, cached, fa: Fa2Shape, plan=None, load=None) -> tuple[tuple[int, bool], np.ndarray]:
+    """Where a mixed batch lies for the local correction: its group, the fa2 plan's query tile
+    and whether every block is resident at once (shapes of another group are never near), and
+    its place in it, log2 of its new tokens, decode rows (+1), cached tokens (+1) and the
+    prefill kernel's busiest-SM load (+1, fa2_load). plan, load: fa2_plan's and fa2_load's,
+    when the caller has them."""
+    n, c = np.asarray(extend, np.int64), np.asarray(cached, np.int64)
+    plan = plan or fa2_plan(n, c, fa)
+    load = float((fa2_load(n, c, fa, plan) if load is None else load).sum())
+    tile, _, items = plan
+    return (tile, items * fa.kv_heads <= 2 * fa.num_sms), np.array(
+        [math.log2(int(n.sum())), math.log2(1 + int((n == 1).sum())), math.log2(1 + int(c.sum())), math.log2(1 + load)])
+
+
+class LocalCorrection:
+    """The eager fit's residual among measured mixed shapes, applied near them.
+
+    One linear fit over every mixed shape leaves residuals of +-5-15% that follow the shape
+    (the 64-row query tile's steps whose busiest SM carries most of the price: -10%), and the
+    fits that moved them moved others the other way (benchmarks/results/fidelity/experiments/).
+    A served batch replayed alone runs as long as it did served (to a median 0.4%, ibid.): the
+    batch sets its time, so a measured shape near a step tells its error. The factor is
+    exp(weighted mean of log(measured / fitted)) over the k nearest measured mixed shapes of the
+    step's group (local_features), when the nearest is within the radius; 1 elsewhere."""
+
+    def __init__(self, groups: dict[tuple, tuple[np.ndarray, np.ndarray]], fa: Fa2Shape, k: int, radius: float,
+                 soften: float):
+        self.groups, self.fa = groups, fa  # group -> (places, log residuals)
+        self.k, self.radius, self.soften = k, radius, soften
+
+    @classmethod
+    def fit(cls, samples: list[dict], price, fa: Fa2Shape, k: int, radius: float, soften: float):
+        """From the mixed device samples and the fitted price (extend, cached) -> seconds; None
+        without any."""
+        by: dict[tuple, list] = {}
+        for d in samples:
+            if d["kind"] == "mixed":
+                e, c = sample_batch(d)
+                g, x = local_features(e, c, fa)
+                by.setdefault(g, []).append((x, math.log(d["device_s"] / price(e, c))))
+        if not by:
+            return None
+        return cls({g: (np.array([x for x, _ in v]), np.array([r for _, r in v])) for g, v in by.items()},
+                   fa, k, radius, soften)
+
+    @property
+    def residuals(self) -> np.ndarray:
+        return np.concatenate([r for _, r in self.groups.values()])
+
+    def factor(self, extend, cached, plan=None, load=None) -> float:
+        g, x = local_features(extend, cached, self.fa, plan, load)
+        if g not in self.groups:
+            return 1.0
+        places, res = self.groups[g]
+        d = np.sqrt(((places - x) ** 2).sum(axis=1))
+        near = np.argpartition(d, self.k)[: self.k] if len(d) > self.k else np.arange(len(d))
+        if d[near].min() > self.radius:
+            return 1.0
+        w = 1.0 / (d[near] + self.soften)
+        return math.exp(float((w * res[near]).sum() / w.sum()))
 
 
 def spread_lengths(length: int, n: int) -> np.ndarray:
@@ -571,8 +641,11 @@ def fit_profile(raw: dict, deployment: dict, spec, fa: Fa2Shape | None, name: st
     max_graph = sizes[-1] if sizes else 0
     dev = raw["device_samples"]
     pieces = list(raw.get("piece_sizes", []))
+    eager = fit_eager(dev, max_graph, pieces, fa)
+    if fa is not None:  # LocalCorrection over the grid's mixed shapes and samples["local"]
+        eager["local"] = dict(LOCAL)
     device = {"graph": fit_graph(dev, sizes, raw.get("decode_plan")) if sizes else None,
-              "eager": fit_eager(dev, max_graph, pieces, fa),
+              "eager": eager,
               "range": {k: int(max(d[k] for d in dev)) for k in ("reqs", "tokens", "kv_tokens")}}
     hrows = raw["host_samples"]
     by_policy = sorted({r["policy"] for r in hrows})
@@ -595,7 +668,9 @@ def fit_profile(raw: dict, deployment: dict, spec, fa: Fa2Shape | None, name: st
         "timing": raw["timing"],
         "device": device,
         "host": host,
-        "samples": {"device": dev, "host": {k: [r.get(k) for r in hrows] for k in dict.fromkeys(
+        # local: mixed shapes other machine starts measured, for LocalCorrection only (refit local_from=)
+        "samples": {"device": dev, **({"local": raw["local_samples"]} if raw.get("local_samples") else {}),
+                    "host": {k: [r.get(k) for r in hrows] for k in dict.fromkeys(
             k for r in hrows for k in r)}},
     }
     model = CalibratedCostModel(spec, load_hardware(deployment["hardware"]), profile=prof, policy="all")
