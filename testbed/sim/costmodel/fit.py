@@ -59,8 +59,11 @@ from testbed.sim.costmodel.decode_plan import DecodePlan
 
 PROFILE_FORMAT = 2
 #: the local correction of mixed steps (LocalCorrection): the residuals of the k measured mixed
-#: shapes nearest a step, weighted 1 / (distance + soften), when the nearest lies within the
-#: radius of it (local_features' units: a factor 2**0.4 = 1.3 in one of the sizes)
+#: shapes nearest a step, weighted 1 / (distance + soften) (soften: a shape measured exactly
+#: does not outweigh its neighbours, another start's measurement of it among them), when the
+#: nearest lies within the radius of it (local_features' units: a factor 2**0.4 = 1.3 in one
+#: of the sizes); k, radius and soften were chosen on the served steps' error by bin
+#: (benchmarks/results/fidelity/experiments/README.md), not per cell
 LOCAL = {"k": 3, "radius": 0.4, "soften": 0.3}
 #: a step scheduled after the host sat idle this long counts as woken (fit_wake); the
 #: engine's loop sleeps only when nothing is in flight and the next arrival is ahead
