@@ -9,6 +9,9 @@ hardware) plus the profiler's own:
   repeats=N       launches per shape and mode, median taken (default 5)
   policies=A,B    policies whose host cost is profiled (default chunked,prefill_first,decode_first)
   quick=true      a small grid (a CPU smoke test; the profile is not for simulation)
+  served=N        mixed batches as the policies serve them in the grid, about N
+                  (testbed/sim/served_batches.py: the simulator's on the bundled traces; default
+                  150, 0: none; none where the prefill kernel is not flashinfer's fa2)
   refit=PATH      no measuring: fit a profile's stored samples again with the current fit
                   (after a change to testbed/sim/costmodel/fit.py); writes out= or PATH
   host_from=A,B   with refit: add the host workloads of these profiles (other machine starts of
@@ -31,6 +34,7 @@ import sys
 from pathlib import Path
 
 OWN = {"out": None, "repeats": "5", "policies": None, "quick": "false", "host_requests": None, "refit": None,
+       "served": "150",
        "host_from": None, "device_from": None, "graph_from": None, "local_from": None}
 
 
@@ -72,11 +76,16 @@ def main(argv=None) -> int:
         quick = own["quick"].lower() in ("1", "true", "yes")
         spec = assemble.model_spec(cfg)
         out = Path(own["out"]) if own["out"] else PROFILES_DIR / f"{cfg.hardware['name']}_{cfg.model.name}.json"
+        served = int(own["served"]) if own["served"].isdigit() else -1
+        if served < 0:
+            raise ValueError(f"served={own['served']} is invalid; allowed: an integer >= 0")
+        batches = served_batches(cfg, spec, overrides, 0 if quick else served)
         from testbed.engine.profiler import HOST_POLICIES, run_profile  # imports torch
         policies = own["policies"].split(",") if own["policies"] else list(HOST_POLICIES)
         raw = run_profile(assemble.engine_settings(cfg, spec), spec, assemble.scheduler_per_policy(cfg, spec),
                           repeats=repeats, quick=quick, policies=policies,
-                          host_requests=int(own["host_requests"]) if own["host_requests"] else None)
+                          host_requests=int(own["host_requests"]) if own["host_requests"] else None,
+                          batches=batches)
         prof = fit_profile(raw, deployment(cfg, spec), spec, prefill_plan(cfg, spec, raw), name=out.stem)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -107,6 +116,20 @@ def deployment(cfg, spec) -> dict:
                    **({"whole_step_graphs": whole_step_record()} if e.whole_step_graphs else {})},
         "policy": dataclasses.asdict(cfg.policy),
     }
+
+
+def served_batches(cfg, spec, overrides: list[str], n: int) -> list:
+    """About n mixed batches as the deployment's policies serve them (the simulator's), or none
+    where the fa2 plan that groups them is unknown (another prefill kernel)."""
+    from testbed.sim.costmodel.fit import fa2_shape
+    fa = fa2_shape(spec, cfg.engine, dict(cfg.hardware).get("num_sms", 0))
+    if n == 0 or fa is None:
+        return []
+    from testbed.sim.served_batches import pick, simulated_batches
+    deployment = [o for o in overrides if not o.startswith("backend=")]
+    batches = pick(simulated_batches(deployment), n, fa)
+    logging.getLogger(__name__).info("%d served batches for the grid", len(batches))
+    return batches
 
 
 def whole_step_record() -> dict:

@@ -103,16 +103,17 @@ class Shape(NamedTuple):
     kind: str  # decode | prefill | mixed (one fresh chunk and decodes)
     extend: list[int]
     cached: list[int]
-    pattern: str  # uniform, or a fit.PATTERNS pattern: decode rows of unequal contexts around base + 1
+    pattern: str  # uniform, a fit.PATTERNS pattern (decode rows of unequal contexts around base + 1), or batch
     base: int  # the decode rows' cached length (uniform), or the one they spread around
 
 
 def device_grid(max_tokens: int, max_running: int, graph_sizes: list[int], max_kv: int,
-                quick: bool = False, base_tokens=()) -> list[Shape]:
+                quick: bool = False, base_tokens=(), batches=()) -> list[Shape]:
     """Every profiled shape. quick: a small grid (tests on the CPU). base_tokens: more token
     counts of one fresh prompt, the eager base curve's points (the piecewise graphs' sizes:
     an eager step's time steps up with its padded size, and a chord over PREFILL_TOKENS alone
-    was up to 7% high between them)."""
+    was up to 7% high between them). batches: mixed batches as the policies serve them
+    ((extend, cached) rows, testbed/sim/served_batches.py), those within the limits."""
     shapes = []
     kvs = DECODE_KV[:2] if quick else DECODE_KV
     for b in decode_sizes(graph_sizes, max_running)[: 3 if quick else None]:
@@ -174,6 +175,10 @@ def device_grid(max_tokens: int, max_running: int, graph_sizes: list[int], max_k
                     for pre in prefixes:
                         if d < max_running and n <= max_tokens and 2 * int(lengths.sum()) + n + pre <= max_kv:
                             shapes.append(Shape("mixed", [n] + [1] * d, [pre] + (lengths - 1).tolist(), pattern, L - 1))
+    for e, c in batches:
+        e, c = [int(x) for x in e], [int(x) for x in c]
+        if len(e) <= max_running and sum(e) <= max_tokens and sum(e) + sum(c) <= max_kv:
+            shapes.append(Shape("mixed", e, c, "batch", max(c)))
     return shapes
 
 
@@ -181,7 +186,8 @@ def shape_record(sh: Shape) -> dict:
     """What a profile stores of a shape (fit.sample_batch gives the shape back)."""
     return {"kind": sh.kind, "pattern": sh.pattern, "reqs": len(sh.extend), "tokens": int(sum(sh.extend)),
             "kv_tokens": int(sum(sh.extend) + sum(sh.cached)), "extend": sh.extend[0], "cached": sh.base,
-            **({"chunk_cached": sh.cached[0]} if sh.kind == "mixed" else {})}
+            **({"chunk_cached": sh.cached[0]} if sh.kind == "mixed" else {}),
+            **({"extend_lens": list(sh.extend), "cached_lens": list(sh.cached)} if sh.pattern == "batch" else {})}
 
 
 def _sleep_cycles_per_s(device) -> float:
@@ -306,10 +312,11 @@ def serving_workload(n: int, rate: float, vocab: int, max_context: int, seed: in
 
 
 def run_profile(s, spec, schedulers, repeats: int = 5, quick: bool = False, policies=HOST_POLICIES,
-                host_requests: int | None = None) -> dict:
+                host_requests: int | None = None, batches=()) -> dict:
     """Build the engine of EngineSettings `s` once (warmed up, whatever engine.warmup says:
     compilation must not land in the timings), time the device grid and the host workloads;
-    schedulers: (policy name, num_pages) -> a scheduler of that policy."""
+    schedulers: (policy name, num_pages) -> a scheduler of that policy; batches: served
+    batches for the grid (device_grid)."""
     from testbed.engine.build import build_warm_parts
     from testbed.engine.executor import EngineExecutor
 
@@ -323,7 +330,7 @@ def run_profile(s, spec, schedulers, repeats: int = 5, quick: bool = False, poli
     ex = EngineExecutor(parts.model, device, s.max_running, None, None, graphs, parts.pieces)
     cps = _sleep_cycles_per_s(device) if device.type == "cuda" else None
     pieces = list(parts.pieces.sizes) if parts.pieces is not None else []
-    grid = device_grid(s.max_step_tokens, s.max_running, sizes, min(slots, 1 << 20), quick, pieces)
+    grid = device_grid(s.max_step_tokens, s.max_running, sizes, min(slots, 1 << 20), quick, pieces, batches)
     samples = []
     for sh in grid:
         m = time_shape(ex, sh.extend, sh.cached, slots, s.page_size, spec.vocab_size, repeats, cps)

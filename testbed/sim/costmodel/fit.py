@@ -500,7 +500,10 @@ def fit_eager(samples: list[dict], max_graph: int, piece_sizes=(), fa: Fa2Shape 
     if len(base) < 2:
         raise ValueError("profile: fewer than two single fresh prompts to draw the eager base curve through")
     bt, bs = np.array(base, float).T
-    rest = [d for d in eager if not (d["kind"] == "prefill" and d["reqs"] == 1 and d["kv_tokens"] == d["tokens"])]
+    # served batches (pattern "batch") price through LocalCorrection only: pooled into this one
+    # linear fit, served-like shapes moved its other shapes' prices the wrong way (experiments/)
+    rest = [d for d in eager if not (d["kind"] == "prefill" and d["reqs"] == 1 and d["kv_tokens"] == d["tokens"])
+            and d.get("pattern") != "batch"]
     coef = np.zeros(len(EAGER_EXTRA))
     if rest:
         r = {k: np.array([d[k] for d in rest], float) for k in ("tokens", "device_s")}
@@ -516,9 +519,11 @@ def sample_batch(d: dict) -> tuple[list[int], list[int]]:
     """(extend_lens, cached_lens) of a device sample (the profiler's shapes, see device_grid: a
     mixed step is one chunk, over ``chunk_cached`` tokens, and decodes; decode rows uniform, or
     of a PATTERNS pattern around the context cached + 1)."""
+    pattern = d.get("pattern", "uniform")
+    if pattern == "batch":  # a batch as a policy served it (served_batches.py): its rows as they were
+        return list(d["extend_lens"]), list(d["cached_lens"])
     mixed = d["kind"] == "mixed"
     rows = d["reqs"] - 1 if mixed else d["reqs"]
-    pattern = d.get("pattern", "uniform")
     if pattern == "uniform":
         cac = [d["cached"]] * rows
     elif pattern in PATTERNS:
@@ -695,7 +700,8 @@ def pool_device_samples(grids: list[list[dict]]) -> list[dict]:
     pooled: dict[tuple, list[dict]] = {}
     for grid in grids:
         for d in grid:
-            pooled.setdefault(tuple(d.get(k) for k in SHAPE_KEYS), []).append(d)
+            rows = (tuple(d.get("extend_lens", ())), tuple(d.get("cached_lens", ())))  # a served batch's own
+            pooled.setdefault(tuple(d.get(k) for k in SHAPE_KEYS) + rows, []).append(d)
     out = []
     for ds in pooled.values():
         row = {k: v for k, v in ds[0].items() if k not in TIMING_KEYS}

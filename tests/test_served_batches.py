@@ -1,0 +1,83 @@
+"""The step profiler's served batches: mixed batches as the policies serve them, from the
+simulator (testbed/sim/served_batches.py), kept as the profile's `batch` samples, priced by
+the local correction only."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from testbed.sim.costmodel.fit import Fa2Shape, fit_eager, local_features, pool_device_samples, sample_batch
+
+REPO = Path(__file__).resolve().parents[1]
+FA = Fa2Shape(group=2, kv_heads=8, num_sms=132, page_size=1)
+PROFILE = REPO / "testbed/sim/costmodel/profiles/h200_qwen3_0_6b.json"
+
+
+def mixed(decodes, chunk, ctx, pre=0):
+    return np.array([chunk] + [1] * decodes), np.array([pre] + list(ctx))
+
+
+def test_pick_spreads_over_the_plan_groups_and_within_them():
+    from testbed.sim.served_batches import pick
+    rng = np.random.default_rng(0)
+    common = [mixed(60, 450, rng.integers(100, 3000, 60)) for _ in range(400)]  # one group, many
+    rare = [mixed(16, 496, rng.integers(5000, 27000, 16), 4000) for _ in range(9)]  # another, few
+    batches = common + rare
+    got = pick(batches, 20, FA)
+    groups = Counter(local_features(e, c, FA)[0] for e, c in got)
+    # shares by the square root of the counts: 20 x 3 / 23 = 3 of the 9 rare ones (by their
+    # count alone: 0.4), 17 of the 400
+    assert groups[local_features(*rare[0], FA)[0]] == 3 and groups[local_features(*common[0], FA)[0]] == 17
+    rows = lambda bs: [(e.tolist(), c.tolist()) for e, c in bs]  # noqa: E731
+    assert rows(pick(batches, 20, FA)) == rows(got)  # deterministic
+    # within a group the picks are apart: no two at one place
+    common_group = local_features(*common[0], FA)[0]
+    places = np.array([x for g, x in (local_features(e, c, FA) for e, c in got) if g == common_group])
+    d = np.sqrt(((places[:, None] - places[None]) ** 2).sum(-1)) + np.eye(len(places)) * 9
+    assert d.min() > 0
+    assert pick(batches, 0, FA) == [] and pick([], 5, FA) == []
+
+
+def test_a_served_batch_is_stored_row_for_row_and_kept_out_of_the_eager_fit():
+    torch = pytest.importorskip("torch")  # noqa: F841 (the profiler module imports it)
+    from testbed.engine.profiler import device_grid, shape_record
+    e, c = mixed(5, 300, [700, 900, 40, 3000, 12])
+    grid = device_grid(2048, 64, [1, 2, 4, 8], 1 << 20, quick=True, batches=[(e, c), mixed(100, 300, [10] * 100)])
+    served = [sh for sh in grid if sh.pattern == "batch"]
+    assert len(served) == 1  # the one of 101 rows is beyond max_running=64
+    rec = shape_record(served[0])
+    assert rec["kind"] == "mixed" and rec["reqs"] == 6 and rec["tokens"] == 305
+    assert sample_batch(rec) == (e.tolist(), c.tolist())
+    # the eager fit is the same with served batches among its samples: they price through the
+    # local correction only
+    samples = [d for d in json.loads(PROFILE.read_text())["samples"]["device"]]
+    fa = Fa2Shape(**json.loads(PROFILE.read_text())["device"]["eager"]["fa2"])
+    extra = [rec | {"device_s": 0.5, "prep_s": 0.0, "launch_s": 0.0, "free_s": 0.5}]
+    base = fit_eager(samples, 256, [], fa)
+    assert fit_eager(samples + extra, 256, [], fa) == base
+    # pooled across starts per batch: two batches of one summary stay apart
+    other = rec | {"cached_lens": [0, 701, 899, 40, 3000, 12], "device_s": 1.0}
+    pooled = pool_device_samples([[rec | {"device_s": 2.0}, other], [rec | {"device_s": 4.0}]])
+    assert sorted(p["device_s"] for p in pooled) == [1.0, 3.0]
+
+
+@pytest.mark.slow
+def test_the_simulator_serves_mixed_batches_of_both_chunking_policies():
+    from testbed.sim.served_batches import simulated_batches
+    got = simulated_batches(["model=qwen3_0_6b", "hardware=h200"], ("chunked", "decode_first"), requests=60)
+    assert len(got) > 50
+    for e, c in got:
+        assert (e >= 1).all() and (c >= 0).all() and (e == 1).any() and (e > 1).any()
+        assert int(e.sum()) <= 8192  # within the step budget
+
+
+def test_the_profiler_rejects_a_bad_served_count_in_one_line():
+    p = subprocess.run([sys.executable, "-m", "testbed.profile", "served=some"], cwd=REPO, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 2 and p.stderr.strip() == "error: served=some is invalid; allowed: an integer >= 0"
