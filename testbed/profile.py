@@ -118,6 +118,21 @@ def deployment(cfg, spec) -> dict:
     }
 
 
+def local_source(p: Path) -> dict:
+    """A local_from file: a profile, or benchmarks/measure_served_batches.py's served batches
+    (their model, engine and machine records and device samples, no fits)."""
+    import json
+    try:
+        other = json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"local_from={p}: cannot be read as JSON ({err})") from err
+    missing = [k for k in ("model", "engine", "machine", "samples") if k not in other]
+    if missing or "device" not in other.get("samples", {}):
+        raise ValueError(f"local_from={p}: not a profile or served batches' file (missing "
+                         f"{', '.join(missing) or 'samples.device'})")
+    return other
+
+
 def served_batches(cfg, spec, overrides: list[str], n: int) -> list:
     """About n mixed batches as the deployment's policies serve them (the simulator's), or none
     where the fa2 plan that groups them is unknown (another prefill kernel)."""
@@ -207,7 +222,9 @@ def refit(path: Path, out: Path | None, host_from: list[Path] = (), device_from:
         local, local_machines = list(old["samples"].get("local", [])), list(old.get("local_machines", []))
         for p in local_from:  # a profile's shapes once, however often it is named
             if p.stem not in {d.get("start") for d in local}:
-                other = same_deployment(p, "local_from")
+                other = local_source(p)
+                if other["model"] != old["model"] or other["engine"]["graph_sizes"] != e["graph_sizes"]:
+                    raise ValueError(f"local_from={p}: another model or engine settings than {path}")
                 local += [d | {"start": p.stem} for d in other["samples"]["device"] if d["kind"] == "mixed"]
                 local_machines.append(other["machine"])
         raw = {"device_samples": device, "host_samples": host, "local_samples": local,

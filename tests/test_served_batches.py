@@ -81,3 +81,30 @@ def test_the_profiler_rejects_a_bad_served_count_in_one_line():
     p = subprocess.run([sys.executable, "-m", "testbed.profile", "served=some"], cwd=REPO, capture_output=True,
                        text=True, timeout=300)
     assert p.returncode == 2 and p.stderr.strip() == "error: served=some is invalid; allowed: an integer >= 0"
+
+
+def test_refit_takes_served_batches_timed_on_their_own_as_local_shapes(tmp_path):
+    """benchmarks/measure_served_batches.py's file (records and samples, no fits) joins a
+    profile's local shapes; a file that is neither is a one-line error naming it."""
+    prof = json.loads(PROFILE.read_text())
+    e, c = mixed(16, 496, [12000] * 16, 3000)
+    rec = {"kind": "mixed", "pattern": "batch", "reqs": 17, "tokens": int(e.sum()), "kv_tokens": int((e + c).sum()),
+           "extend": 496, "cached": 12000, "chunk_cached": 3000, "extend_lens": e.tolist(), "cached_lens": c.tolist(),
+           "prep_s": 1e-4, "launch_s": 1e-3, "free_s": 0.02, "device_s": 0.02}
+    machine = dict(prof["machine"], date="2026-12-05T00:00:00Z")
+    served = tmp_path / "served.json"
+    served.write_text(json.dumps({"model": prof["model"], "hardware": prof["hardware"], "engine": prof["engine"],
+                                  "machine": machine, "samples": {"device": [rec]}}))
+    out = tmp_path / "p.json"
+    p = subprocess.run([sys.executable, "-m", "testbed.profile", f"refit={PROFILE}", f"local_from={served}",
+                        f"out={out}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    new = json.loads(out.read_text())
+    assert new["samples"]["local"][-1] == rec | {"start": "served"}
+    assert new["local_machines"][-1]["date"] == "2026-12-05T00:00:00Z"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"model": prof["model"], "samples": {"device": []}}))
+    p = subprocess.run([sys.executable, "-m", "testbed.profile", f"refit={PROFILE}", f"local_from={bad}",
+                        f"out={out}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and p.stderr.strip() == (
+        f"error: local_from={bad}: not a profile or served batches' file (missing engine, machine)")

@@ -1,0 +1,69 @@
+"""Time a list of served batches on the engine as the step profiler times them, into a file that
+`python -m testbed.profile refit=PROFILE local_from=FILE` takes: a profile's served-batch
+shapes measured on their own, without the rest of its grid (one machine start's few minutes).
+
+    python benchmarks/measure_served_batches.py pick --profile P --out BATCHES.json [--served 150]   # CPU
+    python benchmarks/measure_served_batches.py time --profile P --batches BATCHES.json --out FILE   # GPU
+
+`pick` draws the batches as the profiler does (testbed/sim/served_batches.py) for the
+deployment of profile P; `time` measures each (the profiler's time_shape: median of repeats,
+device held until the step is enqueued) and writes FILE with P's model and engine records, this
+machine's, and the samples (pattern batch)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def pick(a) -> None:
+    from testbed.sim.costmodel.fit import Fa2Shape
+    from testbed.sim.served_batches import pick as spread, simulated_batches
+    prof = json.loads(a.profile.read_text())
+    fa = prof["device"]["eager"].get("fa2")
+    if not fa:
+        raise SystemExit(f"error: {a.profile} has no fa2 plan shape (its prefill kernel is not fa2)")
+    dep = [f"model={prof['model']['name']}", f"hardware={prof['hardware']['name']}", "model.weights=dummy"]
+    got = spread(simulated_batches(dep), a.served, Fa2Shape(**fa))
+    a.out.write_text(json.dumps({"profile": str(a.profile), "batches": [
+        {"extend": e.tolist(), "cached": c.tolist()} for e, c in got]}) + "\n")
+    print(f"{len(got)} batches written to {a.out}")
+
+
+def time_them(a) -> None:
+    from probe_engine import probe_engine
+    from testbed.engine.profiler import Shape, machine_info, shape_record, time_shape
+    prof = json.loads(a.profile.read_text())
+    batches = json.loads(a.batches.read_text())["batches"]
+    spec, s, parts, ex, cps = probe_engine(prof["model"]["name"])
+    if list(parts.graphs.sizes if parts.graphs is not None else []) != prof["engine"]["graph_sizes"]:
+        raise SystemExit(f"error: this engine's graph sizes differ from {a.profile}'s")
+    samples = []
+    for b in batches:
+        sh = Shape("mixed", b["extend"], b["cached"], "batch", max(b["cached"]))
+        samples.append(shape_record(sh) | time_shape(ex, sh.extend, sh.cached, parts.slots, s.page_size,
+                                                     spec.vocab_size, a.repeats, cps))
+    out = {"model": prof["model"], "hardware": prof["hardware"], "engine": prof["engine"],
+           "machine": machine_info(parts.device), "samples": {"device": samples}}
+    a.out.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"{len(samples)} batches timed into {a.out}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("what", choices=("pick", "time"))
+    ap.add_argument("--profile", type=Path, required=True)
+    ap.add_argument("--batches", type=Path)
+    ap.add_argument("--served", type=int, default=150)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args()
+    pick(a) if a.what == "pick" else time_them(a)
+
+
+if __name__ == "__main__":
+    main()
