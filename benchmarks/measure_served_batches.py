@@ -5,7 +5,7 @@ shapes measured on their own, without the rest of its grid (one machine start's 
     python benchmarks/measure_served_batches.py pick --profile P --out BATCHES.json [--served 150]   # CPU
     python benchmarks/measure_served_batches.py time --profile P --batches BATCHES.json --out FILE   # GPU
 
-`pick` draws the batches as the profiler does (testbed/sim/served_batches.py) for the
+`pick` draws the batches as the profiler does (testbed/fidelity/served_batches.py) for the
 deployment of profile P; `time` measures each (the profiler's time_shape: median of repeats,
 device held until the step is enqueued) and writes FILE with P's model and engine records, this
 machine's, and the samples (pattern batch)."""
@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 def pick(a) -> None:
     from testbed.sim.costmodel.fit import Fa2Shape
-    from testbed.sim.served_batches import pick as spread, simulated_batches
+    from testbed.fidelity.served_batches import pick as spread, simulated_batches
     prof = json.loads(a.profile.read_text())
     fa = prof["device"]["eager"].get("fa2")
     if not fa:

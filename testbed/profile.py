@@ -10,7 +10,7 @@ hardware) plus the profiler's own:
   policies=A,B    policies whose host cost is profiled (default chunked,prefill_first,decode_first)
   quick=true      a small grid (a CPU smoke test; the profile is not for simulation)
   served=N        mixed batches as the policies serve them in the grid, about N
-                  (testbed/sim/served_batches.py: the simulator's on the bundled traces; default
+                  (testbed/fidelity/served_batches.py: the simulator's on the bundled traces; default
                   150, 0: none; none where the prefill kernel is not flashinfer's fa2)
   refit=PATH      no measuring: fit a profile's stored samples again with the current fit
                   (after a change to testbed/sim/costmodel/fit.py); writes out= or PATH
@@ -140,7 +140,7 @@ def served_batches(cfg, spec, overrides: list[str], n: int) -> list:
     fa = fa2_shape(spec, cfg.engine, dict(cfg.hardware).get("num_sms", 0))
     if n == 0 or fa is None:
         return []
-    from testbed.sim.served_batches import pick, simulated_batches
+    from testbed.fidelity.served_batches import pick, simulated_batches
     deployment = [o for o in overrides if not o.startswith("backend=")]
     batches = pick(simulated_batches(deployment), n, fa)
     logging.getLogger(__name__).info("%d served batches for the grid", len(batches))

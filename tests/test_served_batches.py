@@ -1,5 +1,5 @@
 """The step profiler's served batches: mixed batches as the policies serve them, from the
-simulator (testbed/sim/served_batches.py), kept as the profile's `batch` samples, priced by
+simulator (testbed/fidelity/served_batches.py), kept as the profile's `batch` samples, priced by
 the local correction only."""
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def mixed(decodes, chunk, ctx, pre=0):
 
 
 def test_pick_spreads_over_the_plan_groups_and_within_them():
-    from testbed.sim.served_batches import pick
+    from testbed.fidelity.served_batches import pick
     rng = np.random.default_rng(0)
     common = [mixed(60, 450, rng.integers(100, 3000, 60)) for _ in range(400)]  # one group, many
     rare = [mixed(16, 496, rng.integers(5000, 27000, 16), 4000) for _ in range(9)]  # another, few
@@ -69,7 +69,7 @@ def test_a_served_batch_is_stored_row_for_row_and_kept_out_of_the_eager_fit():
 
 @pytest.mark.slow
 def test_the_simulator_serves_mixed_batches_of_both_chunking_policies():
-    from testbed.sim.served_batches import simulated_batches
+    from testbed.fidelity.served_batches import simulated_batches
     got = simulated_batches(["model=qwen3_0_6b", "hardware=h200"], ("chunked", "decode_first"), requests=60)
     assert len(got) > 50
     for e, c in got:

@@ -113,7 +113,7 @@ def device_grid(max_tokens: int, max_running: int, graph_sizes: list[int], max_k
     counts of one fresh prompt, the eager base curve's points (the piecewise graphs' sizes:
     an eager step's time steps up with its padded size, and a chord over PREFILL_TOKENS alone
     was up to 7% high between them). batches: mixed batches as the policies serve them
-    ((extend, cached) rows, testbed/sim/served_batches.py), those within the limits."""
+    ((extend, cached) rows, testbed/fidelity/served_batches.py), those within the limits."""
     shapes = []
     kvs = DECODE_KV[:2] if quick else DECODE_KV
     for b in decode_sizes(graph_sizes, max_running)[: 3 if quick else None]:
