@@ -8,11 +8,11 @@ spread, skewed, served) miss the shapes where the eager fit is 5-10% off. The si
 them: each policy on the bundled traces (Poisson ShareGPT, Azure conversations' and Mooncake
 conversations' timestamps compressed) at 60% and 90% of its capacity, with the deployment's
 cost model (calibrated when it has a profile, else the roofline: the batches' shapes follow
-the scheduling, not the exact step times). Their requests differ from the fidelity
-experiment's cells (`SEED`: ShareGPT's rows drawn in another order; of the timestamped traces
-their first `REQUESTS`, the cells' first 40-442, at other compressions). From every mixed step of those runs,
-`pick` keeps a spread: per fa2 plan group (fit.local_features) a share of `n`, by farthest-point
-sampling over the group's places."""
+the scheduling, not the exact step times). Their requests are the fidelity experiment's
+cells' in part only: ShareGPT's rows are drawn in another order (`SEED`); the timestamped
+traces' first `REQUESTS` hold the cells' first 40-442, replayed at other compressions. From
+every mixed step of those runs, `pick` keeps a spread: per fa2 plan group
+(fit.local_features) a share of `n`, by farthest-point sampling over the group's places."""
 from __future__ import annotations
 
 import math
@@ -32,7 +32,7 @@ CAPACITY_REQUESTS = 300
 
 
 def _run(overrides: list[str]):
-    """(requests, steps) frames of one simulator run."""
+    """(summary, requests frame, steps frame) of one simulator run."""
     import pandas as pd
 
     from testbed.config import compose
