@@ -2,11 +2,12 @@
 `python -m testbed.profile refit=PROFILE local_from=FILE` takes: a profile's served-batch
 shapes measured on their own, without the rest of its grid (one machine start's few minutes).
 
-    python benchmarks/measure_served_batches.py pick --profile P --out BATCHES.json [--served 150]   # CPU
+    python benchmarks/measure_served_batches.py pick --profile P --out BATCHES.json [--served 150] [--decodes 60]  # CPU
     python benchmarks/measure_served_batches.py time --profile P --batches BATCHES.json --out FILE   # GPU
 
 `pick` draws the batches as the profiler does (testbed/fidelity/served_batches.py) for the
-deployment of profile P; `time` measures each (the profiler's time_shape: median of repeats,
+deployment of profile P, and beside them decode-only batches of `DECODE_ROWS` rows or more
+(the decode graphs' served shapes, for their analysis: refit takes the mixed ones); `time` measures each (the profiler's time_shape: median of repeats,
 device held until the step is enqueued) and writes FILE with P's model and engine records, this
 machine's, and the samples (pattern batch)."""
 from __future__ import annotations
@@ -18,19 +19,24 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+DECODE_ROWS = 33  # decode graphs of more rows are where served ones mispriced (2-4% at 96, 160-176)
 
 
 def pick(a) -> None:
+    from testbed.fidelity.served_batches import is_mixed, pick as spread, pick_decodes, simulated_batches
     from testbed.sim.costmodel.fit import Fa2Shape
-    from testbed.fidelity.served_batches import pick as spread, simulated_batches
     prof = json.loads(a.profile.read_text())
     fa = prof["device"]["eager"].get("fa2")
     if not fa:
         raise SystemExit(f"error: {a.profile} has no fa2 plan shape (its prefill kernel is not fa2)")
     dep = [f"model={prof['model']['name']}", f"hardware={prof['hardware']['name']}", "model.weights=dummy"]
-    got = spread(simulated_batches(dep), a.served, Fa2Shape(**fa))
+    decode = lambda e: bool((e == 1).all()) and len(e) >= DECODE_ROWS  # noqa: E731
+    every = simulated_batches(dep, keep=lambda e: is_mixed(e) or decode(e))
+    got = [("mixed", b) for b in spread([b for b in every if is_mixed(b[0])], a.served, Fa2Shape(**fa))]
+    got += [("decode", b) for b in pick_decodes([b for b in every if decode(b[0])], a.decodes,
+                                                prof["engine"]["graph_sizes"])]
     a.out.write_text(json.dumps({"profile": str(a.profile), "batches": [
-        {"extend": e.tolist(), "cached": c.tolist()} for e, c in got]}) + "\n")
+        {"kind": k, "extend": e.tolist(), "cached": c.tolist()} for k, (e, c) in got]}) + "\n")
     print(f"{len(got)} batches written to {a.out}")
 
 
@@ -44,7 +50,7 @@ def time_them(a) -> None:
         raise SystemExit(f"error: this engine's graph sizes differ from {a.profile}'s")
     samples = []
     for b in batches:
-        sh = Shape("mixed", b["extend"], b["cached"], "batch", max(b["cached"]))
+        sh = Shape(b.get("kind", "mixed"), b["extend"], b["cached"], "batch", max(b["cached"]))
         samples.append(shape_record(sh) | time_shape(ex, sh.extend, sh.cached, parts.slots, s.page_size,
                                                      spec.vocab_size, a.repeats, cps))
     out = {"model": prof["model"], "hardware": prof["hardware"], "engine": prof["engine"],
@@ -59,6 +65,7 @@ def main() -> None:
     ap.add_argument("--profile", type=Path, required=True)
     ap.add_argument("--batches", type=Path)
     ap.add_argument("--served", type=int, default=150)
+    ap.add_argument("--decodes", type=int, default=60)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()

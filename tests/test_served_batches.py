@@ -108,3 +108,14 @@ def test_refit_takes_served_batches_timed_on_their_own_as_local_shapes(tmp_path)
                         f"out={out}"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and p.stderr.strip() == (
         f"error: local_from={bad}: not a profile or served batches' file (missing engine, machine)")
+
+
+def test_decode_batches_are_picked_per_graph_size():
+    from testbed.fidelity.served_batches import pick_decodes
+    rng = np.random.default_rng(1)
+    dec = lambda b: (np.ones(b, np.int64), rng.integers(100, 4000, b))  # noqa: E731
+    batches = [dec(40) for _ in range(100)] + [dec(150) for _ in range(4)] + [dec(300) for _ in range(2)]
+    got = pick_decodes(batches, 12, [32, 48, 64, 160, 256])
+    rows = Counter(len(e) for e, _ in got)
+    # the 48-row graph's many, the 160-row graph's and the eager batches' few, each a share
+    assert set(rows) == {40, 150, 300} and rows[40] > rows[150] >= 1 and rows[300] >= 1

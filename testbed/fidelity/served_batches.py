@@ -45,10 +45,16 @@ def _run(overrides: list[str]):
         return s, pd.read_parquet(Path(d) / "requests.parquet"), pd.read_parquet(Path(d) / "steps.parquet")
 
 
-def simulated_batches(deployment: list[str], policies=POLICIES, requests: int = REQUESTS
+def is_mixed(extend: np.ndarray) -> bool:
+    """A chunk beside decodes."""
+    return bool((extend == 1).any() and (extend > 1).any())
+
+
+def simulated_batches(deployment: list[str], policies=POLICIES, requests: int = REQUESTS, keep=is_mixed
                       ) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Every mixed step (a chunk beside decodes) of each policy's runs on TRACES at LOADS.
-    deployment: the overrides naming the model, hardware and engine limits (model=..., hardware=...)."""
+    """Every step of each policy's runs on TRACES at LOADS whose extend lengths `keep` takes
+    (default: the mixed steps). deployment: the overrides naming the model, hardware and engine
+    limits (model=..., hardware=...)."""
     from testbed.fidelity.batches import step_batches
     from testbed.fidelity.cells import native_rate
     out = []
@@ -65,9 +71,7 @@ def simulated_batches(deployment: list[str], policies=POLICIES, requests: int = 
                 rate = load * capacity
                 pace = f"trace.time_scale={native / rate:.6g}" if stamp else f"trace.rate={rate:.6g}"
                 _, reqs, steps = _run(base + [f"trace.num_requests={requests}", pace])
-                for b in step_batches(reqs, steps):
-                    if b is not None and (b[0] == 1).any() and (b[0] > 1).any():
-                        out.append(b)
+                out += [b for b in step_batches(reqs, steps) if b is not None and keep(b[0])]
     return out
 
 
@@ -77,15 +81,33 @@ def pick(batches, n: int, fa) -> list[tuple[np.ndarray, np.ndarray]]:
     ones errs), and within it farthest-point sampling over its places, from the batch nearest
     the group's median place."""
     from testbed.sim.costmodel.fit import local_features
+    return _spread(batches, [local_features(e, c, fa) for e, c in batches], n)
+
+
+def pick_decodes(batches, n: int, graph_sizes) -> list[tuple[np.ndarray, np.ndarray]]:
+    """pick for decode-only batches: grouped by the CUDA graph that runs them (the smallest
+    size that holds the rows; 0 beyond the largest: eager), placed by log2 of the rows, the KV
+    tokens and the longest context."""
+    sizes = np.asarray(sorted(graph_sizes), np.int64)
+
+    def where(e, c):
+        b = len(e)
+        i = int(np.searchsorted(sizes, b))
+        ctx = np.asarray(c, np.int64) + 1
+        return (int(sizes[i]) if i < len(sizes) else 0,), np.array(
+            [math.log2(b), math.log2(int(ctx.sum())), math.log2(int(ctx.max()))])
+    return _spread(batches, [where(e, c) for e, c in batches], n)
+
+
+def _spread(batches, located, n: int):
+    """n of the batches by their (group, place): shares by the square root of each group's
+    count, farthest-point sampling within a group."""
     if n <= 0 or not batches:
         return []
     groups: dict[tuple, list[int]] = {}
-    places = []
-    for i, (e, c) in enumerate(batches):
-        g, x = local_features(e, c, fa)
+    for i, (g, _) in enumerate(located):
         groups.setdefault(g, []).append(i)
-        places.append(x)
-    places = np.array(places)
+    places = np.array([x for _, x in located])
     chosen = []
     total = sum(math.sqrt(len(idx)) for idx in groups.values())
     for g, idx in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
