@@ -23,7 +23,8 @@ DECODE_ROWS = 33  # decode graphs of more rows are where served ones mispriced (
 
 
 def pick(a) -> None:
-    from testbed.fidelity.served_batches import is_mixed, pick as spread, pick_decodes, simulated_batches
+    from testbed.fidelity.batches import is_mixed
+    from testbed.fidelity.served_batches import pick as spread, pick_decodes, simulated_batches
     from testbed.sim.costmodel.fit import Fa2Shape
     prof = json.loads(a.profile.read_text())
     fa = prof["device"]["eager"].get("fa2")

@@ -31,7 +31,7 @@ def packed_mean(extend, group: int) -> int:
 
 
 def served_rows(dirs, model: str, profile: str | None, group: int):
-    from testbed.fidelity.batches import step_batches
+    from testbed.fidelity.batches import is_mixed, step_batches
     from testbed.fidelity.cells import read_plan
     from testbed.fidelity.report import cell_cost_model, engine_runs
     rows, cost = [], None
@@ -49,7 +49,7 @@ def served_rows(dirs, model: str, profile: str | None, group: int):
                 reqs, steps = pd.read_parquet(run / "requests.parquet"), pd.read_parquet(run / "steps.parquet")
                 dur = steps["duration_s"].to_numpy()
                 for i, b in enumerate(step_batches(reqs, steps)):
-                    if b is None or not ((b[0] == 1).any() and (b[0] > 1).any()):
+                    if b is None or not is_mixed(b[0]):
                         continue
                     rows.append({"source": "served", "avg": packed_mean(b[0], group),
                                  "decodes": int((b[0] == 1).sum()),

@@ -17,6 +17,12 @@ import pandas as pd
 from testbed.timeline.idle import idle_before
 
 
+def is_mixed(extend) -> bool:
+    """A step's extend lengths hold a chunk beside decodes."""
+    e = np.asarray(extend)
+    return bool((e == 1).any() and (e > 1).any())
+
+
 def step_batches(requests: pd.DataFrame, steps: pd.DataFrame) -> list[tuple[np.ndarray, np.ndarray] | None]:
     """Per step row: (extend lengths, cached lengths), or None where a preempted request ran."""
     by_start = {t: i for i, t in enumerate(steps["start_s"].to_numpy())}
@@ -75,7 +81,7 @@ def step_device_errors(requests: pd.DataFrame, steps: pd.DataFrame, cost) -> pd.
         if b is None or not len(b[0]):
             continue
         e, c = b
-        kind = "prefill" if not (e == 1).any() else "mixed" if (e > 1).any() else (
+        kind = "mixed" if is_mixed(e) else "prefill" if not (e == 1).any() else (
             "decode_graph" if cost.is_graph(e) else "decode_eager")
         woken = bool(idle[i] > gap)
         rows.append((kind, len(e), float(steps["duration_s"].iat[i]),

@@ -45,18 +45,14 @@ def _run(overrides: list[str]):
         return s, pd.read_parquet(Path(d) / "requests.parquet"), pd.read_parquet(Path(d) / "steps.parquet")
 
 
-def is_mixed(extend: np.ndarray) -> bool:
-    """A chunk beside decodes."""
-    return bool((extend == 1).any() and (extend > 1).any())
-
-
-def simulated_batches(deployment: list[str], policies=POLICIES, requests: int = REQUESTS, keep=is_mixed
+def simulated_batches(deployment: list[str], policies=POLICIES, requests: int = REQUESTS, keep=None
                       ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Every step of each policy's runs on TRACES at LOADS whose extend lengths `keep` takes
     (default: the mixed steps). deployment: the overrides naming the model, hardware and engine
     limits (model=..., hardware=...)."""
-    from testbed.fidelity.batches import step_batches
+    from testbed.fidelity.batches import is_mixed, step_batches
     from testbed.fidelity.cells import native_rate
+    keep = keep or is_mixed
     out = []
     for policy in policies:
         for trace in TRACES:

@@ -60,7 +60,7 @@ class CostModel(Protocol):
     #: (idle gap s, host factor, launch factor, device s): a step launched after the host sat
     #: idle for longer than the gap has its host and launch times multiplied so and its device
     #: time lengthened so; None: no such effect
-    wake: tuple[float, float, float] | None
+    wake: tuple[float, float, float, float] | None
 
     def step_time(self, extend_lens: np.ndarray, cached_lens: np.ndarray) -> float:
         """Device seconds for one step that runs the given batch (``step_cost(...).device``)."""
