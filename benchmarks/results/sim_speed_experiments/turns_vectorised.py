@@ -1,3 +1,5 @@
+# Experiment kept for its record (README.md beside it), not installed: it went in as testbed/sim/turns.py,
+# with SimExecutor.place moved to a module-level place(wake, ...) in testbed/sim/executor.py.
 """A fast-path stretch's turns placed on the timeline (testbed/sim/fastpath.py), float for float
 as the step loop and SimExecutor.place would place them one by one.
 
