@@ -319,6 +319,26 @@ def test_fa2_plan_splits_kv_as_flashinfer_documents(rows, heads, page):
         assert cpages >= kv.max()
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 8192), st.integers(0, 131072)), min_size=1, max_size=300),
+       st.sampled_from([(2, 8), (4, 8), (8, 2)]))
+def test_integer_sums_give_the_float_sums_exactly(rows, heads):
+    """attn_work and fa2_load sum integer batches in ints: the very floats of their float
+    definitions (the simulator's step times, and so its files, stay bit for bit)."""
+    from testbed.sim.costmodel.fit import FA2_TILES, Fa2Shape, attn_work, fa2_load, fa2_plan
+    n, c = np.array([r[0] for r in rows]), np.array([r[1] for r in rows])
+    nf, cf = n.astype(float), c.astype(float)
+    assert attn_work(n, c) == float((nf * (cf + (nf + 1) / 2)).sum()) == attn_work(nf, cf)
+    fa = Fa2Shape(group=heads[0], kv_heads=heads[1], num_sms=132)
+    tile, chunk, items = plan = fa2_plan(n, c, fa)
+    q = max(tile // fa.group, 1)
+    k = -(-n // q)
+    spread = float((k * c + q * k * (k + 1) // 2 - (k * q - n)).sum()) * fa.kv_heads / fa.num_sms
+    blocks = items * fa.kv_heads
+    load = max(chunk * min(2, -(-blocks // 132)), spread) if blocks <= 2 * 132 else spread + chunk
+    assert fa2_load(n, c, fa, plan).tolist() == [load if t == tile else 0.0 for t in FA2_TILES]
+
+
 def test_host_scale_multiplies_host_times_only():
     base, slow = cm(), cm(host_scale=1.5)
     for shape in (decode(32), ([300, 1, 1], [0, 500, 900])):

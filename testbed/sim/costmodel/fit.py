@@ -151,7 +151,13 @@ def median_nnls(x: np.ndarray, y: np.ndarray, iters: int = 50) -> np.ndarray:
 
 
 def attn_work(extend, cached) -> float:
-    n, c = np.asarray(extend, float), np.asarray(cached, float)
+    """The (query, key) pairs under the causal mask: sum of n (c + (n + 1) / 2). Each term is an
+    integer (n (n + 1) / 2 is one), so integer batches are summed in ints: the float they give is
+    the float sum's, exactly, and two numpy calls cheaper (the simulator prices every step)."""
+    n, c = np.asarray(extend), np.asarray(cached)
+    if n.dtype.kind in "iu" and c.dtype.kind in "iu":
+        return float(int(n @ c) + int(n @ (n + 1)) // 2)
+    n, c = n.astype(float), c.astype(float)
     return float((n * (c + (n + 1) / 2)).sum())
 
 
@@ -233,15 +239,17 @@ def fa2_plan(extend, cached, fa: Fa2Shape) -> tuple[int, int, int]:
     SM. The rules as flashinfer 0.6 plans (include/flashinfer/attention/scheduler.cuh, read
     there; written here)."""
     n = np.asarray(extend, np.int64)
-    kv = np.maximum(-(-(n + np.asarray(cached, np.int64)) // fa.page_size), 1)  # pages
-    packed = n * fa.group
-    tile = fa2_query_tile(int(packed.sum()) // len(n))
-    tiles = -(-packed // tile)
+    ctx = n + np.asarray(cached, np.int64)
+    P = fa.page_size
+    kv = ctx if P == 1 else np.maximum(-(-ctx // P), 1)  # pages (a row extends by 1 at least)
+    tile = fa2_query_tile(int(n.sum()) * fa.group // len(n))
+    tiles = -(-(n * fa.group) // tile)
     limit = max(1, 2 * fa.num_sms // fa.kv_heads)
-    lo, hi = max(128 // fa.page_size, 1), int(kv.max())
-    if int(tiles.sum()) > limit:  # more query tiles than the limit: no chunk fits, none is split
-        chunk = max(lo, hi)
-        return tile, chunk * fa.page_size, int((tiles * -(-kv // chunk)).sum())
+    lo, hi = max(128 // P, 1), int(kv.max())
+    total = int(tiles.sum())
+    if total > limit:  # more query tiles than the limit: no chunk fits, none is split
+        # the chunk holds the longest row: each row's items are its tiles
+        return tile, max(lo, hi) * P, total
     # the smallest chunk whose items fit the limit; at most `limit` rows get here (a row has a
     # tile at least), so plain ints search faster than numpy calls on a few elements
     pairs = list(zip(tiles.tolist(), kv.tolist()))
@@ -267,9 +275,10 @@ def fa2_load(extend, cached, fa: Fa2Shape, plan: tuple[int, int, int] | None = N
     n = np.asarray(extend, np.int64)
     c = np.asarray(cached, np.int64)
     rows = max(tile // fa.group, 1)  # new tokens a query tile holds
-    k = -(-n // rows)
-    attended = k * c + rows * k * (k + 1) // 2 - (k * rows - n)
-    spread = float(attended.sum()) * fa.kv_heads / fa.num_sms
+    k = n if rows == 1 else -(-n // rows)  # each row's query tiles
+    # the KV tokens its tiles attend to, sum of k c + rows k (k + 1) / 2 - (k rows - n), in ints
+    attended = int(k @ c) + rows * int(k @ (k + 1)) // 2 - (rows * int(k.sum()) - int(n.sum()))
+    spread = float(attended) * fa.kv_heads / fa.num_sms
     blocks = items * fa.kv_heads
     if blocks <= 2 * fa.num_sms:  # every block resident at once (two an SM): the longest sets the time
         load = max(chunk * min(2, -(-blocks // fa.num_sms)), spread)
@@ -285,11 +294,12 @@ def eager_extras(extend, cached, fa: Fa2Shape | None, load: np.ndarray | None = 
     decode kernel: none; fa None: the profile has no fa2 shape; load: fa2_load's, when the
     caller has it)."""
     n, c = np.asarray(extend, np.int64), np.asarray(cached, np.int64)
-    t = int(n.sum())
-    head = [attn_work(n, c) - t * (t + 1) / 2, float(c.sum()), len(n) - 1.0, imbalance(n, c)]
+    t, kv = int(n.sum()), int(c.sum())
+    # imbalance(n, c), its total known: rows x the longest context - the KV tokens
+    head = [attn_work(n, c) - t * (t + 1) / 2, float(kv), len(n) - 1.0, float(len(n) * int((n + c).max()) - (t + kv))]
     if fa is None or t == len(n):
         return np.array(head + [0.0] * len(FA2_FEATURES))
-    return np.concatenate([head, (fa2_load(n, c, fa) if load is None else load) - _fresh_load(t, fa)])
+    return np.array(head + ((fa2_load(n, c, fa) if load is None else load) - _fresh_load(t, fa)).tolist())
 
 
 @functools.lru_cache(maxsize=4096)
