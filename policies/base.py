@@ -121,9 +121,10 @@ class Policy:
         running cap and the KV left; returns the budget left. Stops at the first request
         that does not fit the KV (no overtaking: the order is the policy's promise).
         chunk_last_only: only the last admitted request may be cut (prefill_first)."""
-        running, cap = len(view.running), view.max_running
+        # a row for each: a request ending in the step in flight holds its row (view.free_rows)
+        room = min(view.max_running - len(view.running), view.free_rows)
         for r in self.order(view):
-            if budget <= 0 or running >= cap:
+            if budget <= 0 or room <= 0:
                 break
             hit, pinned = view.prefix_match_cost(r)
             extend = r.device_len - hit
@@ -134,7 +135,7 @@ class Policy:
             plan.add(r, n)
             budget -= n
             kv_left -= need
-            running += 1
+            room -= 1
             if n < extend and chunk_last_only:
                 break
         return budget

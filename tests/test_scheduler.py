@@ -6,8 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from policies import eviction_key
+from policies.scheduling.prefill_first import PrefillFirst
 from scheduler_harness import finish_all, make_scheduler, req, run_all, shared, step, synthetic_tokens
 from testbed.core import RequestState, StepResult
+from testbed.scheduler import Scheduler
 from testbed.kv import IntegrityError
 
 POLICIES = ["prefill_first", "decode_first", "chunked"]
@@ -386,10 +389,25 @@ def test_overlap_gives_the_same_outputs_as_sync(name, P):
     no_leak(s)
 
 
+class RowBlindPrefillFirst(PrefillFirst):
+    """prefill_first as a policy that forgets view.free_rows would plan: admissions up to
+    max_running - len(view.running)."""
+
+    def admit(self, view, plan, budget, kv_left, chunk_last_only=False):
+        for r in self.order(view):
+            if budget <= 0 or len(view.running) + len(plan) >= view.max_running:
+                break
+            plan.add(r, r.device_len)
+            budget -= r.device_len
+        return budget
+
+
 def test_overlap_admission_without_a_free_row_is_dropped_not_half_applied():
-    # a's only token is pending in a step in flight: the policy no longer counts it as
-    # running, but it still holds its page-table row until that step completes
-    s = make_scheduler("prefill_first", max_running=2)
+    # a's only token is pending in a step in flight: the view no longer counts it as running,
+    # but it still holds its page-table row until that step completes; a policy that admits
+    # into that row has the admission dropped, whole
+    built = make_scheduler("prefill_first", max_running=2)
+    s = Scheduler(built.cfg, RowBlindPrefillFirst(built.policy.cfg), eviction_key("lru"))
     a, b, c = req(0, 4, 1), req(1, 4, 3), req(2, 4, 3)
     s.add_request(a, 0.0)
     p1 = s.schedule(0.0)
@@ -404,6 +422,36 @@ def test_overlap_admission_without_a_free_row_is_dropped_not_half_applied():
     t2 = synthetic_tokens(p2)
     s.complete(p1, StepResult(0.01, t1), 0.02)
     s.complete(p2, StepResult(0.01, t2), 0.03)
+    finish_all(s, 0.03)
+    assert [r.output_ids for r in (a, b, c)] == [expected_tokens(r) for r in (a, b, c)]
+    no_leak(s)
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_every_row_held_a_step_in_flight_ending_one_the_others_decode(name):
+    """Every row held, the step in flight ending a request, someone waiting: the policies admit
+    nobody (view.free_rows is 0) and the step decodes the others, as overlap wants, rather
+    than planning an admission the scheduler must drop and leaving the device a step idle."""
+    s = make_scheduler(name, max_running=2)
+    a, b, c = req(0, 4, 2), req(1, 4, 6), req(2, 4, 3)
+    s.add_request(a, 0.0), s.add_request(b, 0.0)
+    p = s.schedule(0.0)
+    toks = synthetic_tokens(p)  # a step's tokens are fixed when it is planned
+    while a.device_len < a.max_len:  # until a's last token is the one in flight
+        nxt = s.schedule(0.0)
+        nxt_toks = synthetic_tokens(nxt)
+        s.complete(p, StepResult(0.01, toks), 0.0)
+        p, toks = nxt, nxt_toks
+    s.add_request(c, 0.0)
+    view = s.view(0.0)
+    assert list(view.running) == [b] and view.free_rows == 0
+    nxt = s.schedule(0.01)
+    assert nxt is not None and items(nxt) == [(1, 1)] and s.stats_of(nxt).deferred == 0
+    assert c.state == RequestState.WAITING
+    nxt_toks = synthetic_tokens(nxt)
+    s.complete(p, StepResult(0.01, toks), 0.02)
+    assert a.is_done and s.view(0.02).free_rows == 1
+    s.complete(nxt, StepResult(0.01, nxt_toks), 0.03)
     finish_all(s, 0.03)
     assert [r.output_ids for r in (a, b, c)] == [expected_tokens(r) for r in (a, b, c)]
     no_leak(s)

@@ -32,6 +32,13 @@ class SchedulerView(Protocol):
         """The deployment's cap on requests running at once (scheduler.max_running)."""
 
     @property
+    def free_rows(self) -> int:
+        """How many requests may be admitted now: the page-table rows no request holds. Fewer
+        than max_running - len(running) while a step in flight holds the last token of a
+        request it ends (running leaves that request out; its row is free once the step
+        completes)."""
+
+    @property
     def max_step_tokens(self) -> int:
         """The most tokens a step may hold (scheduler.max_step_tokens): a plan over it is refused."""
 

@@ -96,8 +96,8 @@ class Scheduler:
             running = [r for r in running if r.device_len < r.prompt_len + r.max_new_tokens]
         limits = self.cfg.limits
         return StepView(now, self.step_id, ReadOnlySequence(self.waiting), ReadOnlySequence(running),
-                        limits.max_running, limits.max_step_tokens, self.page_size, self.cfg.num_pages,
-                        self.allocator.free_pages, self.cache.evictable_pages, self.num_preemptions,
+                        limits.max_running, self.rows.num_free, limits.max_step_tokens, self.page_size,
+                        self.cfg.num_pages, self.allocator.free_pages, self.cache.evictable_pages, self.num_preemptions,
                         self.cache.peek_cost)
 
     def schedule(self, now: float) -> BatchPlan | None:

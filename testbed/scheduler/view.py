@@ -53,6 +53,7 @@ class StepView:
     waiting: ReadOnlySequence  # WAITING and PREEMPTED, in (arrival, rid) order
     running: ReadOnlySequence  # RUNNING and schedulable, in admission order
     max_running: int
+    free_rows: int  # page-table rows no request holds (one whose last token is in flight holds its own)
     max_step_tokens: int
     page_size: int
     total_pages: int
