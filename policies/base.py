@@ -115,14 +115,20 @@ class Policy:
     def chunk_cap(self, budget: int) -> int:
         return min(budget, self.cfg.chunk_size) if self.cfg.chunk_size else budget
 
-    def admit(self, view: SchedulerView, plan: BatchPlan, budget: int, kv_left: int,
+    def admit(self, view: SchedulerView, plan: BatchPlan, budget: int, kv_left: int | None = None,
               chunk_last_only: bool = False) -> int:
-        """Admit waiting requests in queue order while they fit the token budget, the
-        running cap and the KV left; returns the budget left. Stops at the first request
-        that does not fit the KV (no overtaking: the order is the policy's promise).
-        chunk_last_only: only the last admitted request may be cut (prefill_first)."""
+        """Admit waiting requests in queue order while they fit the token budget, the free
+        rows and the KV left; returns the budget left. Stops at the first request that does
+        not fit the KV (no overtaking: the order is the policy's promise). kv_left: the pages
+        admissions may use (None: self.kv_left(view), reckoned only when a request could be
+        admitted: the reservation sums over every running request, the order may sort the
+        queue). chunk_last_only: only the last admitted request may be cut (prefill_first)."""
         # a row for each: a request ending in the step in flight holds its row (view.free_rows)
         room = min(view.max_running - len(view.running), view.free_rows)
+        if budget <= 0 or room <= 0 or not view.waiting:
+            return budget
+        if kv_left is None:
+            kv_left = self.kv_left(view)
         for r in self.order(view):
             if budget <= 0 or room <= 0:
                 break

@@ -393,7 +393,7 @@ class RowBlindPrefillFirst(PrefillFirst):
     """prefill_first as a policy that forgets view.free_rows would plan: admissions up to
     max_running - len(view.running)."""
 
-    def admit(self, view, plan, budget, kv_left, chunk_last_only=False):
+    def admit(self, view, plan, budget, kv_left=None, chunk_last_only=False):
         for r in self.order(view):
             if budget <= 0 or len(view.running) + len(plan) >= view.max_running:
                 break

@@ -42,5 +42,5 @@ class DecodeFirst(Policy):
             n = min(r.extend_len, self.chunk_cap(budget))
             plan.add(r, n)
             budget -= n
-        self.admit(view, plan, budget, self.kv_left(view))
+        self.admit(view, plan, budget)
         return plan

@@ -30,7 +30,7 @@ class PrefillFirst(Policy):
                 n = min(r.extend_len, self.chunk_cap(budget))
                 plan.add(r, n)
                 budget -= n
-        self.admit(view, plan, budget, self.kv_left(view), chunk_last_only=True)
+        self.admit(view, plan, budget, chunk_last_only=True)
         if len(plan):
             return plan
         plan.reqs.extend(view.running)
