@@ -294,9 +294,8 @@ def eager_extras(extend, cached, fa: Fa2Shape | None, load: np.ndarray | None = 
     decode kernel: none; fa None: the profile has no fa2 shape; load: fa2_load's, when the
     caller has it)."""
     n, c = np.asarray(extend, np.int64), np.asarray(cached, np.int64)
-    t, kv = int(n.sum()), int(c.sum())
-    # imbalance(n, c), its total known: rows x the longest context - the KV tokens
-    head = [attn_work(n, c) - t * (t + 1) / 2, float(kv), len(n) - 1.0, float(len(n) * int((n + c).max()) - (t + kv))]
+    t = int(n.sum())
+    head = [attn_work(n, c) - t * (t + 1) / 2, float(c.sum()), len(n) - 1.0, imbalance(n, c)]
     if fa is None or t == len(n):
         return np.array(head + [0.0] * len(FA2_FEATURES))
     return np.array(head + ((fa2_load(n, c, fa) if load is None else load) - _fresh_load(t, fa)).tolist())
