@@ -23,7 +23,7 @@ POLICIES = ["prefill_first", "decode_first", "chunked"]
 # the other axes, each varied on its own from the first run's setting
 EXTRA = [["cache=none"],
          ["costmodel=roofline"], ["model=qwen3_0_6b"], ["engine.overlap=false"], ["policy.order=sjf"],
-         ["engine.num_pages=3000"], ["engine.tp=2"]]
+         ["engine.num_pages=3000"], ["engine.tp=2"], ["engine.page_size=16"]]
 
 
 def digest(path: Path) -> str:

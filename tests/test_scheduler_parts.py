@@ -182,12 +182,14 @@ def test_advance_samples_only_items_that_reach_their_known_tokens():
     chunk, last, dec = req(0, 10, 3), req(1, 10, 3), req(2, 10, 3)
     last.cached_len = 6
     dec.cached_len, dec.device_len = 10, 11
+    dec.output_ids.append(7)  # its first token, delivered
     plan = BatchPlan()
     plan.add(chunk, 4), plan.add(last, 4), plan.add(dec, 1)
     assert dm.advance(plan, 1.0) == (1, 2, 8)  # decodes, prefill items, prefill tokens
     assert plan.samples.tolist() == [False, True, True] and plan.cached_lens.tolist() == [0, 6, 10]
     assert (chunk.cached_len, last.device_len, dec.device_len) == (4, 11, 12)
     assert [r.pending_tokens for r in (chunk, last, dec)] == [0, 1, 1]
+    assert plan.watch == [0, 1]  # the prefill items; the decode is neither its last token nor EOS-checked
     assert chunk.chunk_times == [(1.0, 4)] and dec.chunk_times == [] and all(r.inflight == 1 for r in plan.reqs)
 
 

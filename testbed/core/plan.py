@@ -17,7 +17,8 @@ class BatchPlan:
     running requests the policy wants preempted before the step (recompute later).
     After the scheduler has applied a plan, `cached_lens` holds each item's KV length
     before the step and `samples` whether the step produces a token for it (`num_samples`
-    and `kv_tokens` their totals: every step's record and result check reads them).
+    and `kv_tokens` their totals: every step's record and result check reads them), and
+    `watch` the items whose result does more than deliver a token.
     """
     reqs: list[Request] = field(default_factory=list)
     num_tokens: list[int] = field(default_factory=list)
@@ -28,6 +29,9 @@ class BatchPlan:
     samples: np.ndarray | None = None  # bool per item
     num_samples: int = 0  # items that sample a token (samples.sum(), counted once)
     kv_tokens: int = 0  # KV tokens the step's attention reads: cached_lens.sum() + total_tokens
+    # the items whose completion does more than take a token: a prefill chunk, a last token,
+    # an EOS to check (indices, plan order); None: every item is looked at
+    watch: list[int] | None = None
 
     def add(self, req: Request, n: int) -> None:
         self.reqs.append(req)

@@ -84,7 +84,6 @@ class Request:
     num_pages: int = 0  # pages mapped for this request (shared prefix + own); view.pages_held
     shared_len: int = 0  # leading tokens on pages the prefix cache holds (shared, locked)
     cache_node: object = None  # locked prefix-cache node, or None
-    pending_tokens: int = 0  # sampled tokens scheduled but not yet delivered
     inflight: int = 0  # steps in flight that touch this request
     admit_seq: int = -1  # order of (re)admission (view.admission_order); default preemption victim is the largest
     queued: bool = False  # in the scheduler's waiting queue
@@ -120,6 +119,12 @@ class Request:
     @property
     def max_len(self) -> int:
         return self.prompt_len + self.max_new_tokens
+
+    @property
+    def pending_tokens(self) -> int:
+        """Sampled tokens scheduled but not yet delivered (the known tokens past the prompt
+        that are not outputs yet): derived, so a step does not count them up and down."""
+        return self.device_len - self.prompt_len - len(self.output_ids)
 
     @property
     def extend_len(self) -> int:

@@ -125,7 +125,6 @@ def repeat_decodes(sched, reqs, left: np.ndarray, k: int, tokens: np.ndarray, ti
                 r.num_pages = int(after[left[i] - 1, i])
             if overlap:
                 r.inflight -= 1
-                r.pending_tokens -= 1
             sched.decode.finish(r, "length", times[turn - 1])
         # the turn's own row is written after its ends
         for c, v in (("pages_used", sched.kv.owned_pages), ("pages_free", sched.allocator.free_pages),

@@ -15,6 +15,7 @@ class RowManager:
         self._flat = self.page_table.table.reshape(-1)  # the same memory (a C-contiguous table), one index a slot
         if not np.may_share_memory(self._flat, self.page_table.table):
             raise RuntimeError("the page table is not contiguous: its flat view would be a copy")
+        self._offs = np.arange(page_size, dtype=np.int64)  # a page's slots after its first
         # row -> the running request holding it; the plan check reads it directly (hot loop)
         self.owners: list[Request | None] = [None] * num_rows
 
@@ -52,30 +53,32 @@ class RowManager:
         return needs, held
 
     def map_new_pages(self, reqs: list[Request], needs: list[int], held: list[int], pages: np.ndarray) -> None:
-        """Write every item's new pages (page_needs' two lists) into its row in one scatter."""
+        """Write every item's new pages (page_needs' two lists; `pages` in item order) into its
+        row, and count them in its num_pages. Through the table's flat view: an item's new
+        pages are consecutive slots of its row, so a many-page item (a prefill chunk) is one
+        slice, and the one-page items (decodes) one scatter, their positions a plain list (a
+        decode step's hundreds of items cost less so than numpy index arithmetic)."""
         P = self.page_size
-        table = self.page_table.table
-        if P == 1 and len(pages) == len(needs) - needs.count(0):  # a page for each item needing any (decodes)
-            # into the table's flat view: one list of positions, not two to expand
-            W = table.shape[1]
-            self._flat[[r.row * W + h for r, k, h in zip(reqs, needs, held) if k]] = pages
-        else:
-            has = [i for i, k in enumerate(needs) if k]
-            rows = [reqs[i].row for i in has]
-            first = [held[i] for i in has]  # each item's first new page's number in its row
-            if len(has) == len(pages):  # one new page per item: no expansion
-                row_of, page_no = rows, first
-            else:
-                k = np.array([needs[i] for i in has], np.int64)
-                item = np.repeat(np.arange(len(has)), k)
-                page_no = np.asarray(first, np.int64)[item] + (np.arange(len(pages)) - np.repeat(np.cumsum(k) - k, k))
-                row_of = np.asarray(rows, np.int64)[item]
-            if P == 1:
-                table[row_of, page_no] = pages
-            else:
-                offs = np.arange(P)
-                table[np.asarray(row_of, np.int64)[:, None], np.asarray(page_no, np.int64)[:, None] * P + offs] = \
-                    pages[:, None] * P + offs
-        for r, k in zip(reqs, needs):
+        W = self.page_table.table.shape[1]
+        flat = self._flat
+        pos = []  # each needing item's first new slot, flat
+        runs = []  # many-page items: (first slot, pages, offset in `pages`)
+        off = 0
+        for r, k, h in zip(reqs, needs, held):
             if k:
-                r.num_pages += k
+                b = r.row * W + h * P
+                pos.append(b)
+                if k > 1:
+                    runs.append((b, k, off))
+                off += k
+                r.num_pages = h + k
+        if runs:  # each run's pages as a slice; the scatter below takes each item's first page
+            first = np.ones(len(pages), bool)
+            for b, k, o in runs:
+                first[o + 1:o + k] = False
+                flat[b:b + k * P] = (pages[o:o + k, None] * P + self._offs).reshape(-1) if P > 1 else pages[o:o + k]
+            pages = pages[first]
+        if P == 1:
+            flat[pos] = pages
+        else:
+            flat[np.add.outer(np.asarray(pos, np.int64), self._offs)] = np.add.outer(pages * P, self._offs)
