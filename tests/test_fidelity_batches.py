@@ -70,3 +70,21 @@ def test_a_token_time_no_step_ends_at_is_one_line_error(tmp_path):
     s = s.assign(end_s=s["end_s"] + 1e-3)
     with pytest.raises(ValueError, match=r"request \d+: time .* is no step's start or end"):
         step_batches(r, s)
+
+
+def test_steps_sharing_a_start_time_are_left_out_and_the_others_rebuilt(tmp_path):
+    """A cost model without host time (the roofline) schedules the next step at the instant the
+    first starts: the files cannot say which of the two a chunk went to, so both are unknown
+    (None), and every other step is rebuilt as the simulator priced it."""
+    run(compose(["model=qwen3_0_6b", "costmodel=roofline", "progress=false", "policy=chunked", "trace=sharegpt",
+                 "trace.num_requests=60", "trace.rate=inf"]), str(tmp_path / "run"), print_table=False)
+    r, s = pd.read_parquet(tmp_path / "run/requests.parquet"), pd.read_parquet(tmp_path / "run/steps.parquet")
+    shared = s["start_s"].duplicated(keep=False).to_numpy() | s["end_s"].duplicated(keep=False).to_numpy()
+    assert shared.any() and not shared.all()
+    batches = step_batches(r, s)
+    assert [b is None for b in batches] == shared.tolist()
+    for b, (_, row) in zip(batches, s.iterrows()):
+        if b is not None:
+            e, c = b
+            assert (len(e), e.sum(), (e + c).sum()) == (
+                row["batch_reqs"], row["prefill_tokens"] + row["decode_tokens"], row["context_tokens"])

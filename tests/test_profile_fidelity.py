@@ -303,3 +303,24 @@ def test_the_report_names_each_cells_machine_start(tmp_path):
     (tmp_path / "runs/machine.json").unlink()
     assert engine_starts(tmp_path, ["b"]) == ["- engine runs: one machine start, recorded at D2 (`runs/<cell>/machine.json`)"]
     assert any("? (no machine.json)" in line for line in engine_starts(tmp_path, ["a", "b"]))
+    (tmp_path / "runs/b/machine.json").write_text('{"date": "D2", "gpu": "NVIDIA H100 80GB HBM3"}')
+    assert engine_starts(tmp_path, ["b"]) == [
+        "- engine runs: one machine start, recorded at D2 on NVIDIA H100 80GB HBM3 (`runs/<cell>/machine.json`)"]
+
+
+def test_fidelity_plans_cells_for_another_gpu_from_its_profile(tmp_path):
+    """hardware= plans the chosen cells on that GPU, each load a share of the capacity its own
+    profile gives; a model without a profile there, or an unknown GPU, is one line."""
+    cell = "qwen3_0_6b-chunked-sharegpt-light"
+    p = py("-m", "testbed.fidelity", "plan", f"out={tmp_path / 'a'}", "hardware=h100", f"cells={cell}", timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    (c,) = json.loads((tmp_path / "a/plan.json").read_text())
+    h200 = next(x for x in json.loads((REPO / "benchmarks/results/fidelity/plan.json").read_text()) if x["name"] == cell)
+    assert c["name"] == cell and "hardware=h100" in c["overrides"] and "hardware=h200" not in c["overrides"]
+    assert c["capacity_rps"] < 0.95 * h200["capacity_rps"]  # the H100's slower HBM, as its profile measured it
+    p = py("-m", "testbed.fidelity", "plan", f"out={tmp_path / 'b'}", "hardware=h100",
+           "cells=llama3_8b-chunked-sharegpt-light", timeout=300)
+    assert p.returncode != 0 and p.stderr.strip().splitlines()[-1].startswith(
+        "error: costmodel.profile='h100_llama3_8b': no such profile")
+    p = py("-m", "testbed.fidelity", "plan", f"out={tmp_path / 'c'}", "hardware=tpu", timeout=300)
+    assert p.returncode != 0 and p.stderr.strip().splitlines()[-1] == "error: hardware='tpu' is unknown; allowed: a100, h100, h200"

@@ -11,7 +11,9 @@ Steps:
            committed OUT/fidelity.json by more than `margin` (CI)
 
 Keys: out=DIR (default benchmarks/results/fidelity), repeats=N (default 2), cells=A,B (cell
-names or substrings to keep), margin=F (default 0.01, an absolute fraction)."""
+names or substrings to keep; with plan, the cells planned), margin=F (default 0.01, an absolute
+fraction), hardware=NAME (plan only: the GPU the cells are planned for, whose profile of each
+model sets the loads; default h200; the engine side runs on whatever GPU the machine has)."""
 from __future__ import annotations
 
 import logging
@@ -19,7 +21,8 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-DEFAULTS = {"out": str(REPO / "benchmarks" / "results" / "fidelity"), "repeats": "2", "cells": "", "margin": "0.01"}
+DEFAULTS = {"out": str(REPO / "benchmarks" / "results" / "fidelity"), "repeats": "2", "cells": "", "margin": "0.01",
+            "hardware": "h200"}
 STEPS = ("plan", "engine", "report", "check")
 
 
@@ -36,26 +39,32 @@ def parse(argv: list[str]) -> tuple[str, dict]:
     return argv[0], opts
 
 
-def selected(cells, spec: str):
+def selected(items, spec: str, name=lambda c: c.name):
+    """The items (cells, or the matrix's tuples with `name`) whose name holds one of spec's
+    comma-separated keys; every item for an empty spec."""
     if not spec:
-        return cells
+        return items
     keys = spec.split(",")
-    out = [c for c in cells if any(k in c.name for k in keys)]
+    out = [c for c in items if any(k in name(c) for k in keys)]
     if not out:
-        raise SystemExit(f"error: cells={spec!r} matches no cell; cells: {', '.join(c.name for c in cells)}")
+        raise SystemExit(f"error: cells={spec!r} matches no cell; cells: {', '.join(name(c) for c in items)}")
     return out
 
 
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING)
     step, o = parse(sys.argv[1:] if argv is None else argv)
-    from testbed.fidelity.cells import plan_cells, read_plan, write_plan
+    from testbed.fidelity.cells import cell_name, default_matrix, plan_cells, read_plan, write_plan
     out = Path(o["out"])
     if step == "plan":
         if (out / "plan.json").is_file() and (out / "runs").is_dir():
             raise SystemExit(f"error: {out / 'plan.json'} already has engine runs beside it (the cells as they were "
                              f"run); plan a new experiment into another out=DIR")
-        cells = plan_cells()
+        matrix = selected(default_matrix(), o["cells"], lambda m: cell_name(*m))
+        try:
+            cells = plan_cells(matrix, o["hardware"])
+        except ValueError as e:  # an unknown hardware, or no profile of a model on it
+            raise SystemExit(f"error: {e}")
         write_plan(cells, out / "plan.json")
         for c in cells:
             print(f"{c.name:<48} capacity {c.capacity_rps:7.2f} req/s  rate {c.rate_rps:7.2f}  n {c.num_requests}")

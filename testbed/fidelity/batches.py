@@ -23,13 +23,24 @@ def is_mixed(extend) -> bool:
     return bool((e == 1).any() and (e > 1).any())
 
 
+def _time_index(times: np.ndarray) -> tuple[dict, np.ndarray]:
+    """time -> the step it belongs to, and which steps share theirs with another: a cost model
+    without host time starts two steps at one instant (the roofline: the next is scheduled
+    while the first runs), and the files do not say which of them a chunk went to (-1)."""
+    index: dict = {}
+    for i, t in enumerate(times):
+        index[t] = -1 if t in index else i
+    return index, np.array([index[t] == -1 for t in times], bool)
+
+
 def step_batches(requests: pd.DataFrame, steps: pd.DataFrame) -> list[tuple[np.ndarray, np.ndarray] | None]:
-    """Per step row: (extend lengths, cached lengths), or None where a preempted request ran."""
-    by_start = {t: i for i, t in enumerate(steps["start_s"].to_numpy())}
-    by_end = {t: i for i, t in enumerate(steps["end_s"].to_numpy())}
+    """Per step row: (extend lengths, cached lengths), or None where a preempted request ran or
+    the step shares its start (or end) time with another, so its items are not known."""
+    by_start, shared_start = _time_index(steps["start_s"].to_numpy())
+    by_end, shared_end = _time_index(steps["end_s"].to_numpy())
     ext: list[list[int]] = [[] for _ in range(len(steps))]
     cac: list[list[int]] = [[] for _ in range(len(steps))]
-    unknown = np.zeros(len(steps), bool)
+    unknown = shared_start | shared_end
 
     def at(index: dict, t: float, rid) -> int:
         i = index.get(t)
@@ -43,16 +54,18 @@ def step_batches(requests: pd.DataFrame, steps: pd.DataFrame) -> list[tuple[np.n
         chunks = [at(by_start, t, r.rid) for t in r.chunk_times_s]
         tokens = [at(by_end, t, r.rid) for t in r.token_times_s[1:]]
         if r.preemptions:
-            unknown[chunks + tokens] = True
+            unknown[[i for i in chunks + tokens if i >= 0]] = True
             continue
         c = int(r.prefix_cached_tokens)
         for i, n in zip(chunks, r.chunk_tokens):
-            ext[i].append(int(n))
-            cac[i].append(c)
+            if i >= 0:  # -1: one of the steps sharing its time (unknown)
+                ext[i].append(int(n))
+                cac[i].append(c)
             c += int(n)
         for k, i in enumerate(tokens, start=1):
-            ext[i].append(1)
-            cac[i].append(int(r.prompt_tokens) + k - 1)
+            if i >= 0:
+                ext[i].append(1)
+                cac[i].append(int(r.prompt_tokens) + k - 1)
     out: list[tuple[np.ndarray, np.ndarray] | None] = []
     for i, (e, c) in enumerate(zip(ext, cac)):
         if unknown[i]:

@@ -21,7 +21,8 @@ CAPACITY_REQUESTS = 400
 CELL_SECONDS = 8.0  # arrivals span about this long...
 MIN_REQUESTS = 40  # ...with at least this many requests...
 MAX_CELL_SECONDS = 14.0  # ...unless that would make them span longer than this (light loads of slow traces)
-COMMON = ("model.weights=dummy", "progress=false", "hardware=h200")
+COMMON = ("model.weights=dummy", "progress=false")
+HARDWARE = "h200"  # the GPU the committed experiment ran on; `hardware=` plans one for another
 
 
 @dataclasses.dataclass
@@ -45,8 +46,8 @@ def default_matrix() -> list[tuple[str, str, str, str]]:
     return cells
 
 
-def base_overrides(model: str, policy: str, trace: str) -> list[str]:
-    return [f"model={model}", f"policy={policy}", f"trace={trace}", *COMMON]
+def base_overrides(model: str, policy: str, trace: str, hardware: str = HARDWARE) -> list[str]:
+    return [f"model={model}", f"policy={policy}", f"trace={trace}", *COMMON, f"hardware={hardware}"]
 
 
 def simulator_overrides(overrides: list[str], profile: str = "") -> list[str]:
@@ -83,27 +84,33 @@ def native_rate(overrides: list[str], n: int) -> float:
     return (len(a) - 1) / (a[-1] - a[0])
 
 
-def capacity(model: str, policy: str, trace: str) -> float:
-    o = base_overrides(model, policy, trace) + [f"trace.num_requests={CAPACITY_REQUESTS}"]
+def capacity(model: str, policy: str, trace: str, hardware: str = HARDWARE) -> float:
+    o = base_overrides(model, policy, trace, hardware) + [f"trace.num_requests={CAPACITY_REQUESTS}"]
     o += ["trace.time_scale=1e-9"] if trace in TIMESTAMPED else ["trace.rate=inf"]
     return _sim_summary(o)["metrics"]["request_throughput"]
 
 
-def plan_cells(matrix=None) -> list[Cell]:
+def cell_name(model: str, policy: str, trace: str, load: str) -> str:
+    return f"{model}-{policy}-{trace}-{load}"
+
+
+def plan_cells(matrix=None, hardware: str = HARDWARE) -> list[Cell]:
+    """The cells of `matrix` (default_matrix()) on `hardware`, each load a fraction of the
+    capacity the simulator finds with that hardware's profile of the model."""
     caps: dict[tuple, float] = {}
     out = []
     for model, policy, trace, load in matrix or default_matrix():
         key = (model, policy, trace)
         if key not in caps:
-            caps[key] = capacity(*key)
+            caps[key] = capacity(*key, hardware)
         rate = LOADS[load] * caps[key]
         n = min(max(MIN_REQUESTS, int(math.ceil(rate * CELL_SECONDS))), max(2, int(rate * MAX_CELL_SECONDS)))
-        o = base_overrides(model, policy, trace) + [f"trace.num_requests={n}"]
+        o = base_overrides(model, policy, trace, hardware) + [f"trace.num_requests={n}"]
         if trace in TIMESTAMPED:
             o.append(f"trace.time_scale={native_rate(o, max(n, 100)) / rate:.6g}")
         else:
             o.append(f"trace.rate={rate:.6g}")
-        out.append(Cell(f"{model}-{policy}-{trace}-{load}", model, policy, trace, load, caps[key], rate, n, o))
+        out.append(Cell(cell_name(model, policy, trace, load), model, policy, trace, load, caps[key], rate, n, o))
     return out
 
 

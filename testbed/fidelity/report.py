@@ -95,7 +95,7 @@ def median_table(res: dict) -> str:
 def markdown(res: dict, out: Path, profile_info: dict, device: dict) -> str:
     speeds = [v for c in res.values() for v in c.get("host_ratio", []) if v is not None]
     lines = ["# Simulator fidelity against the engine", "",
-             "Each cell ran twice on the engine (one H200, dummy weights) and once in the simulator "
+             "Each cell ran twice on the engine (one GPU, named below; dummy weights) and once in the simulator "
              "(`costmodel=calibrated`, the profile below). Errors are the simulator's relative to the mean of the "
              "two engine runs; spread is the two engine runs' difference relative to their mean.", "",
              *[f"- profile `{v['profile']}` ({m}) on {v['gpu']} (driver {v['driver']}): device grid of the machine "
@@ -258,7 +258,8 @@ def engine_starts(out: Path, cells: list[str]) -> list[str]:
     files: dict[str, set[str]] = {}
     for c in cells:
         f = next((f for f in (out / "runs" / c / "machine.json", out / "runs" / "machine.json") if f.is_file()), None)
-        date = json.loads(f.read_text()).get("date", "?") if f else "? (no machine.json)"
+        m = json.loads(f.read_text()) if f else {}
+        date = m.get("date", "?") + (f" on {m['gpu']}" if m.get("gpu") else "") if f else "? (no machine.json)"
         by_start.setdefault(date, []).append(c)
         if f:
             files.setdefault(date, set()).add("runs/machine.json" if f.parent.name == "runs" else "runs/<cell>/machine.json")
@@ -275,7 +276,9 @@ def engine_starts(out: Path, cells: list[str]) -> list[str]:
 def profile_info(out: Path, cells) -> dict:
     from testbed.sim.costmodel.calibrated import load_profile
     info = {}
-    for model, name in sorted({(c.model, c.profile or f"h200_{c.model}") for c in cells}):
+    from testbed.fidelity.cells import overrides_value
+    for model, name in sorted({(c.model, c.profile or f"{overrides_value(c.overrides, 'hardware')}_{c.model}")
+                               for c in cells}):
         try:
             p = load_profile(name)
         except ValueError:
