@@ -68,9 +68,10 @@ def test_a_served_batch_is_stored_row_for_row_and_kept_out_of_the_eager_fit():
 
 
 @pytest.mark.slow
-def test_the_simulator_serves_mixed_batches_of_both_chunking_policies():
+@pytest.mark.parametrize("hardware", ["h200", "a100"])  # a100: no profile, the roofline (no host time)
+def test_the_simulator_serves_mixed_batches_of_both_chunking_policies(hardware):
     from testbed.fidelity.served_batches import simulated_batches
-    got = simulated_batches(["model=qwen3_0_6b", "hardware=h200"], ("chunked", "decode_first"), requests=60)
+    got = simulated_batches(["model=qwen3_0_6b", f"hardware={hardware}"], ("chunked", "decode_first"), requests=60)
     assert len(got) > 50
     for e, c in got:
         assert (e >= 1).all() and (c >= 0).all() and (e == 1).any() and (e > 1).any()
