@@ -4,6 +4,7 @@ shapes measured on their own, without the rest of its grid (one machine start's 
 
     python benchmarks/measure_served_batches.py pick --profile P --out BATCHES.json [--served 150] [--decodes 60]  # CPU
     python benchmarks/measure_served_batches.py time --profile P --batches BATCHES.json --out FILE   # GPU
+        [--set KEY=VALUE ...]  # engine overrides beyond the defaults (the tests: --set engine.device=cpu ...)
 
 `pick` draws the batches as the profiler does (testbed/fidelity/served_batches.py) for the
 deployment of profile P, and beside them decode-only batches of `DECODE_ROWS` rows or more
@@ -46,7 +47,7 @@ def time_them(a) -> None:
     from testbed.engine.profiler import Shape, machine_info, shape_record, time_shape
     prof = json.loads(a.profile.read_text())
     batches = json.loads(a.batches.read_text())["batches"]
-    spec, s, parts, ex, cps = probe_engine(prof["model"]["name"])
+    spec, s, parts, ex, cps = probe_engine(prof["model"]["name"], a.overrides)
     if list(parts.graphs.sizes if parts.graphs is not None else []) != prof["engine"]["graph_sizes"]:
         raise SystemExit(f"error: this engine's graph sizes differ from {a.profile}'s")
     samples = []
@@ -69,6 +70,8 @@ def main() -> None:
     ap.add_argument("--decodes", type=int, default=60)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                    help="an engine override for time (repeatable)")
     a = ap.parse_args()
     pick(a) if a.what == "pick" else time_them(a)
 

@@ -120,3 +120,31 @@ def test_decode_batches_are_picked_per_graph_size():
     rows = Counter(len(e) for e, _ in got)
     # the 48-row graph's many, the 160-row graph's and the eager batches' few, each a share
     assert set(rows) == {40, 150, 300} and rows[40] > rows[150] >= 1 and rows[300] >= 1
+
+
+@pytest.mark.slow
+def test_served_batches_are_timed_on_the_engine_into_a_file_refit_takes(tmp_path):
+    """benchmarks/measure_served_batches.py time, on the CPU reference engine: each batch timed
+    as the profiler times a shape (its rows as given), the records and machine written, and the
+    file one that refit's local_from= reads."""
+    pytest.importorskip("torch")
+    from testbed.profile import local_source
+    prof = tmp_path / "profile.json"
+    prof.write_text(json.dumps({"model": {"name": "smollm2_135m"}, "hardware": {"name": "h200"},
+                                "engine": {"graph_sizes": []}}))
+    batches = [{"kind": "mixed", "extend": [1, 1, 30], "cached": [40, 57, 0]},
+               {"kind": "decode", "extend": [1, 1], "cached": [20, 31]}]
+    (tmp_path / "b.json").write_text(json.dumps({"batches": batches}))
+    out = tmp_path / "timed.json"
+    p = subprocess.run([sys.executable, "benchmarks/measure_served_batches.py", "time", "--profile", str(prof),
+                        "--batches", str(tmp_path / "b.json"), "--out", str(out), "--repeats", "1",
+                        *(a for o in ("engine.device=cpu", "engine.attention=torch", "engine.num_pages=4096",
+                                      "scheduler.max_running=8") for a in ("--set", o))],
+                       cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = local_source(out)
+    assert got["machine"]["cpu_count"] >= 1 and got["model"] == {"name": "smollm2_135m"}
+    samples = got["samples"]["device"]
+    assert [(d["kind"], d["pattern"], d["extend_lens"], d["cached_lens"]) for d in samples] == [
+        (b["kind"], "batch", b["extend"], b["cached"]) for b in batches]
+    assert all(d["device_s"] > 0 and d["prep_s"] > 0 for d in samples)
