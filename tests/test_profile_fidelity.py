@@ -324,3 +324,6 @@ def test_fidelity_plans_cells_for_another_gpu_from_its_profile(tmp_path):
         "error: costmodel.profile='h100_llama3_8b': no such profile")
     p = py("-m", "testbed.fidelity", "plan", f"out={tmp_path / 'c'}", "hardware=tpu", timeout=300)
     assert p.returncode != 0 and p.stderr.strip().splitlines()[-1] == "error: hardware='tpu' is unknown; allowed: a100, h100, h200"
+    p = py("-m", "testbed.fidelity", "report", f"out={tmp_path / 'a'}", "hardware=h100", timeout=300)
+    assert p.returncode != 0 and p.stderr.strip() == ("error: hardware= goes with plan (a planned cell's overrides "
+                                                      "name its hardware), not report")

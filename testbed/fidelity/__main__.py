@@ -22,7 +22,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULTS = {"out": str(REPO / "benchmarks" / "results" / "fidelity"), "repeats": "2", "cells": "", "margin": "0.01",
-            "hardware": "h200"}
+            "hardware": ""}
 STEPS = ("plan", "engine", "report", "check")
 
 
@@ -54,15 +54,17 @@ def selected(items, spec: str, name=lambda c: c.name):
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING)
     step, o = parse(sys.argv[1:] if argv is None else argv)
-    from testbed.fidelity.cells import cell_name, default_matrix, plan_cells, read_plan, write_plan
+    from testbed.fidelity.cells import HARDWARE, cell_name, default_matrix, plan_cells, read_plan, write_plan
     out = Path(o["out"])
+    if o["hardware"] and step != "plan":
+        raise SystemExit(f"error: hardware= goes with plan (a planned cell's overrides name its hardware), not {step}")
     if step == "plan":
         if (out / "plan.json").is_file() and (out / "runs").is_dir():
             raise SystemExit(f"error: {out / 'plan.json'} already has engine runs beside it (the cells as they were "
                              f"run); plan a new experiment into another out=DIR")
         matrix = selected(default_matrix(), o["cells"], lambda m: cell_name(*m))
         try:
-            cells = plan_cells(matrix, o["hardware"])
+            cells = plan_cells(matrix, o["hardware"] or HARDWARE)
         except ValueError as e:  # an unknown hardware, or no profile of a model on it
             raise SystemExit(f"error: {e}")
         write_plan(cells, out / "plan.json")
