@@ -50,11 +50,15 @@ def base_overrides(model: str, policy: str, trace: str, hardware: str = HARDWARE
     return [f"model={model}", f"policy={policy}", f"trace={trace}", *COMMON, f"hardware={hardware}"]
 
 
+def profile_name(overrides: list[str], profile: str = "") -> str:
+    """The simulator's profile for a cell: `profile`, or the <hardware>_<model> its overrides name."""
+    return profile or f"{overrides_value(overrides, 'hardware')}_{overrides_value(overrides, 'model')}"
+
+
 def simulator_overrides(overrides: list[str], profile: str = "") -> list[str]:
     """A cell's overrides as the simulator runs it: the calibrated model with `profile`
     (default <hardware>_<model>)."""
-    profile = profile or f"{overrides_value(overrides, 'hardware')}_{overrides_value(overrides, 'model')}"
-    return overrides + ["backend=sim", "costmodel=calibrated", f"costmodel.profile={profile}"]
+    return overrides + ["backend=sim", "costmodel=calibrated", f"costmodel.profile={profile_name(overrides, profile)}"]
 
 
 def _sim_summary(overrides: list[str]) -> dict:

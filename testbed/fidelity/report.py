@@ -258,8 +258,8 @@ def engine_starts(out: Path, cells: list[str]) -> list[str]:
     files: dict[str, set[str]] = {}
     for c in cells:
         f = next((f for f in (out / "runs" / c / "machine.json", out / "runs" / "machine.json") if f.is_file()), None)
-        m = json.loads(f.read_text()) if f else {}
-        date = m.get("date", "?") + (f" on {m['gpu']}" if m.get("gpu") else "") if f else "? (no machine.json)"
+        m = json.loads(f.read_text()) if f else {"date": "? (no machine.json)"}
+        date = m.get("date", "?") + (f" on {m['gpu']}" if m.get("gpu") else "")
         by_start.setdefault(date, []).append(c)
         if f:
             files.setdefault(date, set()).add("runs/machine.json" if f.parent.name == "runs" else "runs/<cell>/machine.json")
@@ -276,9 +276,8 @@ def engine_starts(out: Path, cells: list[str]) -> list[str]:
 def profile_info(out: Path, cells) -> dict:
     from testbed.sim.costmodel.calibrated import load_profile
     info = {}
-    from testbed.fidelity.cells import overrides_value
-    for model, name in sorted({(c.model, c.profile or f"{overrides_value(c.overrides, 'hardware')}_{c.model}")
-                               for c in cells}):
+    from testbed.fidelity.cells import profile_name
+    for model, name in sorted({(c.model, profile_name(c.overrides, c.profile)) for c in cells}):
         try:
             p = load_profile(name)
         except ValueError:
