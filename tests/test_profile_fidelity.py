@@ -188,6 +188,14 @@ def test_fidelity_engine_report_and_check_on_the_cpu(cpu_profile, tmp_path):
     (out / "fidelity.json").write_text(json.dumps(full))
     p = py("-m", "testbed.fidelity", "check", f"out={out}", "margin=0.001")
     assert p.returncode == 1 and "smol-chunked-synthetic-light mean_ttft_ms" in p.stdout
+    # a planned cell not run yet: the report says so in a line and in its table, the run cell is reported
+    plan = json.loads((out / "plan.json").read_text())
+    (out / "plan.json").write_text(json.dumps(plan + [dict(plan[0], name="smol-chunked-synthetic-later")]))
+    p = py("-m", "testbed.fidelity", "report", f"out={out}")
+    assert p.returncode == 0 and "note: 1 of 2 cells have no engine run yet (reported as such): " \
+        "smol-chunked-synthetic-later" in p.stderr
+    assert "| smol-chunked-synthetic-later | no engine run |" in (out / "report.md").read_text()
+    assert "errors" in json.loads((out / "fidelity.json").read_text())["cells"]["smol-chunked-synthetic-light"]
 
 
 def test_fidelity_engine_builds_one_engine_per_model_and_engine_settings(monkeypatch, tmp_path):
@@ -249,11 +257,30 @@ def test_fidelity_bad_arguments(tmp_path):
     assert p.returncode != 0 and "step 'sweep' is unknown" in p.stderr
     p = py("-m", "testbed.fidelity", "report", "colour=blue", timeout=60)
     assert p.returncode != 0 and "argument 'colour=blue' is invalid" in p.stderr
-    p = py("-m", "testbed.fidelity", "report", f"out={tmp_path}", timeout=60)
-    assert p.returncode != 0 and "no plan" in p.stderr
+    for step in ("report", "check", "engine"):  # no plan: one line, no traceback
+        p = py("-m", "testbed.fidelity", step, f"out={tmp_path}", timeout=60)
+        assert p.returncode != 0 and p.stderr.strip().splitlines() == [
+            f"error: {tmp_path / 'plan.json'}: no plan; write one with `python -m testbed.fidelity plan out={tmp_path}`"]
+    for arg, allowed in (("repeats=0", "an integer >= 1"), ("repeats=two", "an integer >= 1"),
+                         ("margin=abc", "a number >= 0"), ("margin=-0.1", "a number >= 0")):
+        p = py("-m", "testbed.fidelity", "check", f"out={tmp_path}", arg, timeout=60)
+        k, v = arg.split("=")
+        assert p.returncode != 0 and p.stderr.strip() == f"error: {k}={v!r} is invalid; allowed: {allowed}"
     cpu_plan(tmp_path, tmp_path / "p.json")
     p = py("-m", "testbed.fidelity", "report", f"out={tmp_path}", "cells=nothing", timeout=60)
     assert p.returncode != 0 and "matches no cell" in p.stderr
+    # a plan whose cells have no engine runs: report says to run them, writes nothing
+    p = py("-m", "testbed.fidelity", "report", f"out={tmp_path}", timeout=60)
+    assert p.returncode != 0 and "no engine runs under" in p.stderr and "fidelity engine out=" in p.stderr
+    assert not (tmp_path / "report.md").exists() and not (tmp_path / "fidelity.json").exists()
+    p = py("-m", "testbed.fidelity", "check", f"out={tmp_path}", timeout=60)
+    assert p.returncode != 0 and "no committed report to check against" in p.stderr
+    # CI's guard fails when a committed cell's engine runs are gone, naming it (it compared nothing of it)
+    (tmp_path / "fidelity.json").write_text(json.dumps({"cells": {"smol-chunked-synthetic-light": {
+        "errors": {"mean_ttft_ms": {"error": 0.01}}}}}))
+    p = py("-m", "testbed.fidelity", "check", f"out={tmp_path}", timeout=60)
+    assert p.returncode == 1 and "smol-chunked-synthetic-light: the committed report has its errors but its " \
+        "engine runs are missing" in p.stdout
 
 
 def test_committed_report_matches_its_json():

@@ -36,6 +36,14 @@ def parse(argv: list[str]) -> tuple[str, dict]:
         if not eq or k not in DEFAULTS:
             raise SystemExit(f"error: argument {a!r} is invalid; allowed: {', '.join(f'{k}=...' for k in DEFAULTS)}")
         opts[k] = v
+    for k, kind, low in (("repeats", int, 1), ("margin", float, 0)):
+        try:
+            ok = kind(opts[k]) >= low
+        except ValueError:
+            ok = False
+        if not ok:
+            raise SystemExit(f"error: {k}={opts[k]!r} is invalid; allowed: {'an integer' if kind is int else 'a number'} "
+                             f">= {low}")
     return argv[0], opts
 
 
@@ -72,7 +80,10 @@ def main(argv=None) -> int:
             print(f"{c.name:<48} capacity {c.capacity_rps:7.2f} req/s  rate {c.rate_rps:7.2f}  n {c.num_requests}")
         print(f"written {out / 'plan.json'}")
         return 0
-    cells = selected(read_plan(out / "plan.json"), o["cells"])
+    try:
+        cells = selected(read_plan(out / "plan.json"), o["cells"])
+    except FileNotFoundError as e:
+        raise SystemExit(f"error: {e}")
     if step == "engine":
         from testbed.fidelity.engine_side import run_engine_cells
         try:
@@ -84,7 +95,14 @@ def main(argv=None) -> int:
             print(f"failed: {f}", file=sys.stderr)
         return 1 if failed else 0
     if step == "report":
-        from testbed.fidelity.report import worst, write_report
+        from testbed.fidelity.report import engine_runs, worst, write_report
+        missing = [c.name for c in cells if not engine_runs(out, c)]
+        if len(missing) == len(cells):
+            raise SystemExit(f"error: no engine runs under {out / 'runs'} for these cells; run them first with "
+                             f"`python -m testbed.fidelity engine out={out}` on a GPU machine")
+        if missing:
+            print(f"note: {len(missing)} of {len(cells)} cells have no engine run yet (reported as such): {', '.join(missing)}",
+                  file=sys.stderr)
         res = write_report(out, cells)
         print((out / "report.md").read_text().split("## Every metric")[0])
         print(f"worst headline error {worst(res):.1%}; written {out / 'report.md'}")

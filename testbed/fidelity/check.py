@@ -11,9 +11,17 @@ from testbed.fidelity.report import evaluate
 
 
 def check(out: Path, cells, margin: float) -> int:
-    committed = json.loads((out / "fidelity.json").read_text())["cells"]
+    """0 when every committed cell among `cells` was replayed and none grew worse; 1 otherwise
+    (a committed cell whose engine runs are gone fails too: a guard that compares nothing
+    must not pass)."""
+    f = out / "fidelity.json"
+    if not f.is_file():
+        raise SystemExit(f"error: {f}: no committed report to check against; write one with "
+                         f"`python -m testbed.fidelity report out={out}`")
+    committed = json.loads(f.read_text())["cells"]
     now = evaluate(out, cells)
     worse, n = [], 0
+    lost = [name for name, c in now.items() if "errors" in committed.get(name, {}) and "errors" not in c]
     for name, c in now.items():
         if "errors" not in c or "errors" not in committed.get(name, {}):
             continue
@@ -26,5 +34,9 @@ def check(out: Path, cells, margin: float) -> int:
                 worse.append(f"{name} {k}: error {a:.1%}, committed {b:.1%} (+{margin:.1%} allowed)")
     for w in worse:
         print(f"fidelity: {w}")
-    print(f"fidelity check: {n} errors of {len(now)} cells compared, {len(worse)} beyond the committed figure + {margin:.1%}")
-    return 1 if worse or not n else 0
+    for name in lost:
+        print(f"fidelity: {name}: the committed report has its errors but its engine runs are missing from {out / 'runs'}")
+    print(f"fidelity check: {n} errors of {len(now)} cells compared, {len(worse)} beyond the committed figure + {margin:.1%}"
+          + (f", {len(lost)} committed cells without engine runs" if lost else "")
+          + ("" if n else "; nothing was compared"))
+    return 1 if worse or lost or not n else 0
