@@ -88,3 +88,32 @@ def test_steps_sharing_a_start_time_are_left_out_and_the_others_rebuilt(tmp_path
             e, c = b
             assert (len(e), e.sum(), (e + c).sum()) == (
                 row["batch_reqs"], row["prefill_tokens"] + row["decode_tokens"], row["context_tokens"])
+
+
+def test_the_report_names_what_each_missing_cells_figures_show():
+    """A cell beyond 5% is listed with its metrics and only the findings its figures support;
+    cells within the bar are not listed, and a report with none has no such section."""
+    from testbed.fidelity.misses import misses_section
+
+    def err(e, spread=0.0):
+        return {"engine": [1.0, 1.0], "sim": 1.0 + e, "error": e, "spread": spread}
+
+    def steps(kind, eng_ms, sim_ms, n=100):
+        return [{"who": "engine", "kind": kind, "steps": n, "interval": eng_ms},
+                {"who": "sim", "kind": kind, "steps": n, "interval": sim_ms}]
+    slow_host = {"errors": {"mean_ttft_ms": err(-0.09, spread=0.06), "p90_tpot_ms": err(0.01)},
+                 "host_ratio": [1.46, 1.43], "steps": steps("mixed", 2.84, 2.61) + steps("decode", 1.0, 1.001),
+                 "device_steps": [{"kind": "mixed", "requests": "65-128", "steps": 40, "time_ratio": 1.027},
+                                  {"kind": "decode_graph", "requests": "1-8", "steps": 60, "time_ratio": 0.995}]}
+    plain = {"errors": {"p90_ttft_ms": err(0.063)}, "host_ratio": [0.95, 1.05], "steps": steps("decode", 3.0, 3.01),
+             "device_steps": [{"kind": "decode_graph", "requests": "9-32", "steps": 10, "time_ratio": 0.99}]}
+    fine = {"errors": {"mean_ttft_ms": err(0.049)}, "host_ratio": [2.0, 2.0]}
+    text = "\n".join(misses_section({"a": slow_host, "b": plain, "c": fine, "d": {"missing": "no engine run"}}))
+    a, b = text.split("- **a**: ")[1].split("- **b**: ")
+    assert a.startswith("mean TTFT -9.0%\n") and "p90 TPOT" not in a  # only the metrics beyond the bar
+    assert "differ by 6.0% on mean TTFT" in a and "1.46 / 1.43x the profile's host time" in a
+    assert "mixed steps add 0.919x the engine's time" in a and "decode steps add" not in a  # 0.1% off: not named
+    assert "mixed steps of 65-128 requests are priced at 1.027" in a and "decode_graph" not in a
+    assert b.startswith("p90 TTFT +6.3%\n") and "no step kind is 2% or more off" in b and "host" not in b
+    assert "**c**" not in text and "**d**" not in text
+    assert misses_section({"c": fine}) == []

@@ -12,6 +12,7 @@ import pandas as pd
 
 from testbed.fidelity.batches import device_error_table, step_device_errors
 from testbed.fidelity.compare import HEADLINE, METRICS, cell_errors, label, step_table
+from testbed.fidelity.misses import misses_section
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -138,7 +139,7 @@ def markdown(res: dict, out: Path, profile_info: dict, device: dict) -> str:
         row += [f"{pct(e[k]['error'])} ({pct(e[k]['spread'])})" if k in e else "-" for k in HEADLINE]
         row.append(" / ".join("-" if v is None else f"{v:.2f}" for v in c.get("host_ratio", [])))
         lines.append("| " + " | ".join(row) + " |")
-    lines += ["", "## Per-step device time: the cost model against the engine's steps", "",
+    lines += ["", *misses_section(res), "## Per-step device time: the cost model against the engine's steps", "",
               "Every engine step's batch is rebuilt from the run's requests.parquet and steps.parquet "
               "(testbed/fidelity/batches.py) and priced by the profile's device model; the ratio is predicted over "
               "measured (CUDA events) device time: the median step, and the sum of predicted over the sum of measured "
