@@ -52,7 +52,7 @@ from testbed.modelspec import ModelSpec
 from testbed.sim.costmodel.base import COST_MODELS, StepCost, as_batch, costs_step_by_step
 from testbed.sim.costmodel.decode_plan import DecodePlan
 from testbed.sim.costmodel.fit import (EAGER_EXTRA, MODEL_FIELDS, PROFILE_FORMAT, Fa2Shape, LocalCorrection,
-                                       base_curve, eager_extras, fa2_load, fa2_plan, graph_imbalance, graph_lengths,
+                                       base_curve, eager_extras, fa2_load, fa2_plan, graph_lengths,
                                        padded_tokens, predict_host_parts, whole_step_rule)
 from testbed.sim.costmodel.hardware import HardwareSpec
 
@@ -181,6 +181,19 @@ def _dot(coef: Mapping[str, float], feats: Mapping[str, float]) -> float:
     return sum(v * (1.0 if k == "const" else feats[k]) for k, v in coef.items())
 
 
+HOST_FEATURES = ("const", "reqs", "tokens", "kv_tokens")  # a host fit's terms; const's feature is 1.0
+
+
+def _terms(coef: Mapping[str, float]) -> tuple[tuple[float, int], ...]:
+    """A host fit as (coefficient, index into (1.0, reqs, tokens, kv_tokens)) in its own order:
+    _linear of them is _dot's float for float, without a dict per step."""
+    return tuple((v, HOST_FEATURES.index(k)) for k, v in coef.items())
+
+
+def _linear(terms: tuple[tuple[float, int], ...], x: tuple) -> float:
+    return sum([v * x[i] for v, i in terms])
+
+
 class CalibratedCostModel:
     """Host and device time of a step from a profile; see the module docstring."""
 
@@ -204,6 +217,7 @@ class CalibratedCostModel:
         k = cfg.host_scale
         fits = prof["host"][self.policy]
         self.host = {part: {f: v * k for f, v in coef.items()} for part, coef in fits.items() if part != "wake"}
+        self._host_terms = {part: _terms(coef) for part, coef in self.host.items()}  # step_cost's, per step
         w = fits.get("wake")
         #: (idle gap in seconds, host factor, launch factor, device seconds added) of a step
         #: launched after an idle gap, or None: the profile's host workloads had too few such
@@ -221,6 +235,10 @@ class CalibratedCostModel:
         self._g_third = np.array(g.get(third, [0.0] * len(self.sizes)) if g else [], float)
         #: with the plan, the fourth: its longest block's tail (profiles before it have none: zeros)
         self._g_tail = np.array(g.get("per_tail_token_s", [0.0] * len(self.sizes)) if g else [], float)
+        # the same as plain lists, and the graph each batch size pads to: a step's price reads
+        # them without numpy scalars (the same floats)
+        self._graph_fit = [tuple(map(float, v)) for v in zip(self._g_const, self._g_slope, self._g_third, self._g_tail)]
+        self._graph_at = np.searchsorted(self.sizes, np.arange(self.max_graph + 1)).tolist()
         e = prof["device"]["eager"]
         self._bt, self._bs = np.array(e["base_tokens"], float), np.array(e["base_s"], float)
         self._extra = np.array([e["coef_s"].get(k, 0.0) for k in EAGER_EXTRA], float)
@@ -259,14 +277,14 @@ class CalibratedCostModel:
     def _device_time(self, n: np.ndarray, c: np.ndarray, b: int, tok: int, kv: int, graph: bool) -> float:
         """device_time of a batch whose sizes the caller has (step_cost: computed once a step)."""
         if graph:
-            i = int(np.searchsorted(self.sizes, b))
-            s = int(self.sizes[i])
+            i = self._graph_at[b]
+            const, slope, third, tail = self._graph_fit[i]
             x3 = x4 = 0.0
-            if self._plan is not None and (self._g_third[i] or self._g_tail[i]):
-                x3, x4 = self._plan.features(graph_lengths(n, c, s))
-            elif self._g_third[i]:
-                x3 = graph_imbalance(n, c, s)
-            return float(self._g_const[i] + self._g_slope[i] * kv + self._g_third[i] * x3 + self._g_tail[i] * x4)
+            if self._plan is not None and (third or tail):
+                x3, x4 = self._plan.features(graph_lengths(n, c, int(self.sizes[i])))
+            elif third:  # graph_imbalance of a decode batch (every extend 1): its longest context is c.max() + 1
+                x3 = float(int(self.sizes[i]) * (int(c.max()) + 1) - kv)
+            return const + slope * kv + third * x3 + tail * x4
         kind = "decode" if tok == b else "prefill"
         if b > self.range["reqs"] or tok > self.range["tokens"] or kv > self.range["kv_tokens"]:
             return self._outside(kind, n, c, b, tok, kv)
@@ -302,14 +320,18 @@ class CalibratedCostModel:
     def step_cost(self, extend_lens: np.ndarray, cached_lens: np.ndarray) -> StepCost:
         n, c = as_batch(extend_lens, cached_lens)
         b, tok = n.shape[0], int(n.sum())
-        f = {"reqs": b, "tokens": tok, "kv_tokens": int(c.sum()) + tok}
-        h = self.host
-        kind = "decode" if tok == b else "prefill"
+        kv = int(c.sum()) + tok
+        x = (1.0, b, tok, kv)  # HOST_FEATURES
+        h = self._host_terms
         graph = self._graph(b, tok)
+        if tok == b:
+            host, complete = h["host_decode"], h["complete_decode"]
+        else:
+            host, complete = h["host_prefill"], h["complete_prefill"]
         launch = h["launch_graph"] if graph else h["launch_whole"] if (
-            kind == "prefill" and self._whole and self._whole.graph(tok, b)) else h["launch_eager"]
-        return StepCost(_dot(h[f"host_{kind}"], f), _dot(launch, f), self._device_time(n, c, b, tok, f["kv_tokens"], graph),
-                        _dot(h[f"complete_{kind}"], f))
+            tok != b and self._whole and self._whole.graph(tok, b)) else h["launch_eager"]
+        return StepCost(_linear(host, x), _linear(launch, x), self._device_time(n, c, b, tok, kv, graph),
+                        _linear(complete, x))
 
     def decode_costs(self, cached: np.ndarray, k: int) -> tuple[np.ndarray, ...]:
         """step_cost of k decode steps over contexts cached + j (j < k), as arrays. A batch in a
