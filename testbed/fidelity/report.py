@@ -12,7 +12,7 @@ import pandas as pd
 
 from testbed.fidelity.batches import device_error_table, step_device_errors
 from testbed.fidelity.compare import HEADLINE, METRICS, cell_errors, label, step_table
-from testbed.fidelity.misses import misses_section
+from testbed.fidelity.misses import BAR, misses_section
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -24,8 +24,7 @@ def engine_runs(out: Path, cell) -> list[Path]:
 def sim_overrides(cell, engine_summary: dict) -> list[str]:
     """The cell as the simulator replays it: the engine's KV pool size, the calibrated profile."""
     from testbed.fidelity.cells import simulator_overrides
-    profile = cell.profile or f"{engine_summary['config']['hardware']['name']}_{cell.model}"
-    return simulator_overrides(cell.overrides, profile) + [f"engine.num_pages={engine_summary['kv']['num_pages']}"]
+    return simulator_overrides(cell.overrides, cell.profile) + [f"engine.num_pages={engine_summary['kv']['num_pages']}"]
 
 
 def replay(out: Path, cell) -> dict | None:
@@ -86,7 +85,7 @@ def median_table(res: dict) -> str:
 
     def med(k, what="error"):
         v = [abs(c["errors"][k][what]) for c in cells.values() if k in c["errors"] and c["errors"][k][what] is not None]
-        return (float(np.median(v)) if v else float("nan")), sum(x <= 0.05 for x in v)
+        return (float(np.median(v)) if v else float("nan")), sum(x <= BAR for x in v)
     for k in HEADLINE:
         (e, n5), (sp, _) = med(k), med(k, "spread")
         rows.append(f"| {label(k)} | {e:.1%} | {n5} of {len(cells)} | {sp:.1%} |")

@@ -177,16 +177,12 @@ def profile_mismatch(prof: Mapping[str, Any], spec: ModelSpec, hardware: Hardwar
     return out
 
 
-def _dot(coef: Mapping[str, float], feats: Mapping[str, float]) -> float:
-    return sum(v * (1.0 if k == "const" else feats[k]) for k, v in coef.items())
-
-
 HOST_FEATURES = ("const", "reqs", "tokens", "kv_tokens")  # a host fit's terms; const's feature is 1.0
 
 
 def _terms(coef: Mapping[str, float]) -> tuple[tuple[float, int], ...]:
-    """A host fit as (coefficient, index into (1.0, reqs, tokens, kv_tokens)) in its own order:
-    _linear of them is _dot's float for float, without a dict per step."""
+    """A host fit as (coefficient, index into (1.0, reqs, tokens, kv_tokens)) in its own order,
+    for _linear: no dict per step."""
     return tuple((v, HOST_FEATURES.index(k)) for k, v in coef.items())
 
 
@@ -347,8 +343,8 @@ class CalibratedCostModel:
         s = int(self.sizes[i])
         x3 = (s * (int(cached.max()) + 1 + j) - kv).astype(float) if self._g_third[i] else 0.0  # graph_imbalance
         device = self._g_const[i] + self._g_slope[i] * kv + self._g_third[i] * x3
-        f = {"reqs": b, "tokens": b, "kv_tokens": kv}  # as step_cost's, kv_tokens an array
-        host, launch, complete = (np.broadcast_to(np.asarray(_dot(self.host[part], f), float), (k,))
+        x = (1.0, b, b, kv)  # as step_cost's, kv_tokens an array
+        host, launch, complete = (np.broadcast_to(np.asarray(_linear(self._host_terms[part], x), float), (k,))
                                   for part in ("host_decode", "launch_graph", "complete_decode"))
         return host, launch, np.asarray(device, float), complete
 
