@@ -26,7 +26,10 @@ def decode_steps(source: str) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]
     """(batch size, context tokens, device seconds) of the decode-only steps, per file."""
     import pandas as pd
     if source.endswith(".json"):
-        h = json.loads(Path(source).read_text())["samples"]["host"]
+        try:
+            h = json.loads(Path(source).read_text())["samples"]["host"]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise SystemExit(f"error: {source}: not a profile with host workload samples ({err!r})") from err
         frames = [pd.DataFrame({k: h[k] for k in ("prefill_reqs", "batch_reqs", "context_tokens", "duration_s")})]
     else:
         paths = sorted(glob.glob(source))
