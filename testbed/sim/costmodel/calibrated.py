@@ -14,7 +14,9 @@ overlap protocol, testbed/sim/executor.py):
   runs eagerly (in the piecewise CUDA graph of the smallest size >= its tokens, when the
   profile was measured with them): ``base(padded tokens)``, the measured curve of one fresh
   prompt of that many tokens, plus fitted seconds per unit of attention work, KV read, requests,
-  imbalance and the attention kernel's busiest-SM load (fit.fa2_load) beyond that prompt's;
+  imbalance and the attention kernel's busiest-SM load (fit.fa2_load) beyond that prompt's
+  (negative attention terms where the step's own tokens attend over less than the padded prompt:
+  padding rows run the linear layers, not attention);
   a mixed step near measured mixed shapes (the grid's, and other machine starts' kept in the
   profile's samples.local) times their residual over that fit (fit.LocalCorrection).
 * ``host`` (schedule, batch build, upload), ``launch`` (enqueueing; a decode graph, a whole-step
@@ -239,7 +241,7 @@ class CalibratedCostModel:
         self._bt, self._bs = np.array(e["base_tokens"], float), np.array(e["base_s"], float)
         self._extra = np.array([e["coef_s"].get(k, 0.0) for k in EAGER_EXTRA], float)
         self._pieces = np.array(e.get("piece_sizes", []), float)  # empty: profiled without piecewise graphs
-        self._base: dict[int, float] = {}  # the base curve at a step's (padded) token count, by tokens
+        self._base: dict[int, tuple[int, float]] = {}  # by tokens: (padded tokens, the base curve there)
         self._fa2 = Fa2Shape(**e["fa2"]) if e.get("fa2") else None
         self._local = None  # set below: the fitted price it corrects is computed without it
         #: the eager steps the engine ran as whole-step graphs (their own launch fit), or None
@@ -287,10 +289,12 @@ class CalibratedCostModel:
         fa = self._fa2
         plan = fa2_plan(n, c, fa) if fa is not None and tok > b else None  # the prefill kernel's
         load = fa2_load(n, c, fa, plan) if plan else None
-        x = eager_extras(n, c, fa, load)
-        base = self._base.get(tok)
-        if base is None:  # a replay's eager steps have few distinct token counts (its chunk sizes)
-            base = self._base[tok] = base_curve(self._bt, self._bs, padded_tokens(self._pieces, [tok]))[0]
+        got = self._base.get(tok)
+        if got is None:  # a replay's eager steps have few distinct token counts (its chunk sizes)
+            pad = int(padded_tokens(self._pieces, [tok])[0])
+            got = self._base[tok] = (pad, float(base_curve(self._bt, self._bs, [pad])[0]))
+        pad, base = got
+        x = eager_extras(n, c, fa, load, base=pad)
         t = float(base + self._extra @ x)
         if self._local is not None and plan and (n == 1).any():  # a mixed step
             t *= self._local.factor(n, c, plan, load)

@@ -287,18 +287,23 @@ def fa2_load(extend, cached, fa: Fa2Shape, plan: tuple[int, int, int] | None = N
     return np.array([load if t == tile else 0.0 for t in FA2_TILES], float)
 
 
-def eager_extras(extend, cached, fa: Fa2Shape | None, load: np.ndarray | None = None) -> np.ndarray:
-    """What a batch has beyond one fresh prompt of the same tokens (EAGER_EXTRA): attention
-    work, KV tokens read beyond the new ones, requests beyond one, imbalance, and the
-    prefill kernel's busiest-SM load per query tile (fa2_load; a decode-only batch runs the
-    decode kernel: none; fa None: the profile has no fa2 shape; load: fa2_load's, when the
-    caller has it)."""
+def eager_extras(extend, cached, fa: Fa2Shape | None, load: np.ndarray | None = None,
+                 base: int | None = None) -> np.ndarray:
+    """What a batch has beyond the base curve's fresh prompt of ``base`` tokens (its padded
+    tokens, padded_tokens; None: its own tokens) (EAGER_EXTRA): attention work, KV tokens read
+    beyond the new ones, requests beyond one, imbalance, and the prefill kernel's busiest-SM
+    load per query tile (fa2_load; a decode-only batch runs the decode kernel: none; fa None:
+    the profile has no fa2 shape; load: fa2_load's, when the caller has it). The base prompt
+    is the padded one because the curve was measured at piecewise-graph sizes: the padding
+    rows run the linear layers, not attention, so a 5,170-token prompt in the 5,632 graph
+    attends over less than the curve's prompt did (its attention terms come out negative)."""
     n, c = np.asarray(extend, np.int64), np.asarray(cached, np.int64)
     t = int(n.sum())
-    head = [attn_work(n, c) - t * (t + 1) / 2, float(c.sum()), len(n) - 1.0, imbalance(n, c)]
+    ref = t if base is None else int(base)
+    head = [attn_work(n, c) - ref * (ref + 1) / 2, float(c.sum()), len(n) - 1.0, imbalance(n, c)]
     if fa is None or t == len(n):
         return np.array(head + [0.0] * len(FA2_FEATURES))
-    return np.array(head + ((fa2_load(n, c, fa) if load is None else load) - _fresh_load(t, fa)).tolist())
+    return np.array(head + ((fa2_load(n, c, fa) if load is None else load) - _fresh_load(ref, fa)).tolist())
 
 
 @functools.lru_cache(maxsize=4096)
@@ -516,10 +521,11 @@ def fit_eager(samples: list[dict], max_graph: int, piece_sizes=(), fa: Fa2Shape 
     coef = np.zeros(len(EAGER_EXTRA))
     if rest:
         r = {k: np.array([d[k] for d in rest], float) for k in ("tokens", "device_s")}
-        x = np.array([eager_extras(*sample_batch(d), fa) for d in rest])
+        pad = padded_tokens(piece_sizes, r["tokens"])
+        x = np.array([eager_extras(*sample_batch(d), fa, base=int(p)) for d, p in zip(rest, pad)])
         y = r["device_s"]
         w = 1.0 / y[:, None]  # relative error: a 10 ms mixed step counts as much as a 100 ms prefill
-        coef = scaled_nnls(x * w, (y - base_curve(bt, bs, padded_tokens(piece_sizes, r["tokens"]))) * w[:, 0])
+        coef = scaled_nnls(x * w, (y - base_curve(bt, bs, pad)) * w[:, 0])
     return {"base_tokens": bt.tolist(), "base_s": bs.tolist(), "coef_s": dict(zip(EAGER_EXTRA, map(float, coef))),
             "piece_sizes": [int(x) for x in piece_sizes], "fa2": dataclasses.asdict(fa) if fa else None}
 
