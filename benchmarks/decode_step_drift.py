@@ -40,23 +40,16 @@ def busy_before(start: np.ndarray, duration: np.ndarray, window: float = 1.0) ->
 
 
 def decode_steps(d: Path, model: str) -> pd.DataFrame:
-    from testbed.fidelity.batches import step_batches
-    from testbed.fidelity.cells import read_plan
-    from testbed.fidelity.report import cell_cost_model, engine_runs
+    from testbed.fidelity.report import priced_runs
     rows = []
-    for cell in read_plan(d / "plan.json"):
-        if cell.model != model:
-            continue
-        for run in engine_runs(d, cell):
-            cost = cell_cost_model(run, cell)
-            reqs, steps = pd.read_parquet(run / "requests.parquet"), pd.read_parquet(run / "steps.parquet")
-            start, dur = steps["start_s"].to_numpy(), steps["duration_s"].to_numpy()
-            busy = busy_before(start, dur)
-            for i, b in enumerate(step_batches(reqs, steps)):
-                if b is None or not (b[0] == 1).all() or not cost.is_graph(b[0]):
-                    continue
-                rows.append({"rows": len(b[0]), "since_start_s": float(start[i] - start[0]), "busy": float(busy[i]),
-                             "ratio": float(cost.device_time(*b)) / float(dur[i])})
+    for cost, steps, batches in priced_runs(d, model):
+        start, dur = steps["start_s"].to_numpy(), steps["duration_s"].to_numpy()
+        busy = busy_before(start, dur)
+        for i, b in enumerate(batches):
+            if b is None or not (b[0] == 1).all() or not cost.is_graph(b[0]):
+                continue
+            rows.append({"rows": len(b[0]), "since_start_s": float(start[i] - start[0]), "busy": float(busy[i]),
+                         "ratio": float(cost.device_time(*b)) / float(dur[i])})
     return pd.DataFrame(rows)
 
 
@@ -85,9 +78,9 @@ def main() -> None:
             print(f"{key:12s} rows {r['rows']:>7s} {list(r.values())[1]:>9s}: {r['steps']:6d} steps, "
                   f"median predicted / measured {r['median_ratio']:.3f}")
     if a.out:
-        a.out.write_text(json.dumps({"command": "python benchmarks/decode_step_drift.py", "dir": str(a.dir.relative_to(ROOT))
-                                     if a.dir.is_relative_to(ROOT) else str(a.dir), "model": a.model, **res},
-                                    indent=1) + "\n")
+        from testbed.fidelity.report import shown_dir
+        a.out.write_text(json.dumps({"command": "python benchmarks/decode_step_drift.py", "dir": shown_dir(a.dir),
+                                     "model": a.model, **res}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

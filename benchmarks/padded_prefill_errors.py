@@ -29,26 +29,19 @@ PAD_BINS = (-0.01, 0.001, 0.05, 0.1, 0.15, 1.0)
 
 
 def eager_steps(dirs, model: str) -> pd.DataFrame:
-    from testbed.fidelity.batches import step_batches
-    from testbed.fidelity.cells import read_plan
-    from testbed.fidelity.report import cell_cost_model, engine_runs
+    from testbed.fidelity.report import priced_runs
     from testbed.sim.costmodel.fit import padded_tokens
     rows = []
     for d in dirs:
-        for cell in read_plan(d / "plan.json"):
-            if cell.model != model:
-                continue
-            for run in engine_runs(d, cell):
-                cost = cell_cost_model(run, cell)
-                reqs, steps = pd.read_parquet(run / "requests.parquet"), pd.read_parquet(run / "steps.parquet")
-                dur = steps["duration_s"].to_numpy()
-                for i, b in enumerate(step_batches(reqs, steps)):
-                    if b is None or int(b[0].sum()) == len(b[0]):  # unknown, or decode only
-                        continue
-                    t = int(b[0].sum())
-                    pad = float(padded_tokens(cost._pieces, [t])[0])
-                    rows.append({"mixed": bool((b[0] == 1).any()), "tokens": t, "padding": (pad - t) / pad,
-                                 "ratio": float(cost.device_time(*b)) / float(dur[i])})
+        for cost, steps, batches in priced_runs(d, model):
+            dur = steps["duration_s"].to_numpy()
+            for i, b in enumerate(batches):
+                if b is None or int(b[0].sum()) == len(b[0]):  # unknown, or decode only
+                    continue
+                t = int(b[0].sum())
+                pad = float(padded_tokens(cost._pieces, [t])[0])
+                rows.append({"mixed": bool((b[0] == 1).any()), "tokens": t, "padding": (pad - t) / pad,
+                             "ratio": float(cost.device_time(*b)) / float(dur[i])})
     return pd.DataFrame(rows)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from testbed.fidelity.batches import device_error_table, step_device_errors
+from testbed.fidelity.batches import device_error_table, step_batches, step_device_errors
 from testbed.fidelity.compare import HEADLINE, METRICS, cell_errors, label, step_table
 from testbed.fidelity.misses import BAR, misses_section
 
@@ -243,6 +243,19 @@ def cell_cost_model(run: Path, cell):
     from testbed.config import compose
     cfg = compose(sim_overrides(cell, json.loads((run / "summary.json").read_text())))
     return assemble.cost_model(cfg, assemble.model_spec(cfg))[0]
+
+
+def priced_runs(out: Path, model: str):
+    """Per engine run of `model`'s cells in out/plan.json: the cost model the simulator replays
+    the cell with, the run's steps.parquet and its steps' batches (step_batches), for the
+    scripts that price every served step."""
+    from testbed.fidelity.cells import read_plan
+    for cell in read_plan(out / "plan.json"):
+        if cell.model != model:
+            continue
+        for run in engine_runs(out, cell):
+            reqs, steps = pd.read_parquet(run / "requests.parquet"), pd.read_parquet(run / "steps.parquet")
+            yield cell_cost_model(run, cell), steps, step_batches(reqs, steps)
 
 
 def shown_dir(out: Path) -> str:
