@@ -13,6 +13,12 @@ from pathlib import Path
 
 import pytest
 
+# `pytest -n N` (pytest-xdist): the N workers share the cores, so each worker's torch / OpenMP
+# thread pool, and those of the runs it starts, takes its share instead of one thread per core
+_WORKERS = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+if _WORKERS and "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // int(_WORKERS)))
+
 if shutil.which("nvidia-smi") is None:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
