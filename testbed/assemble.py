@@ -6,6 +6,7 @@ and scheduler built here, so a simulated and a real run of one config see the sa
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from policies import config_like, eviction_key, make_policy
@@ -24,7 +25,7 @@ PREBUILT_TP = "engine.tp > 1 builds its ranks per run; prebuilt engine parts are
 class Run:
     spec: ModelSpec
     trace: Trace | None  # None: a server's run, fed by messages (testbed.serve)
-    requests: list[Request]
+    requests: Sequence[Request]  # a replay's: TraceRequests, made as they arrive
     scheduler: Scheduler
     driver: Driver
     info: dict  # the run's KV pool and backend, for summary.json
@@ -130,19 +131,52 @@ def trace_for(cfg, spec: ModelSpec) -> Trace:
     return load_trace(tcfg)
 
 
-def requests_from(trace: Trace, spec: ModelSpec, engine_cfg) -> list[Request]:
-    eos = tuple(spec.eos_token_ids)
-    out = []
-    for t in trace.requests:
+def requests_from(trace: Trace, spec: ModelSpec, engine_cfg) -> "TraceRequests":
+    return TraceRequests(trace, spec, engine_cfg)
+
+
+class TraceRequests(Sequence):
+    """A trace's requests as the scheduler's Requests, in the trace's order (its rids, which
+    is arrival order), each made when first read: a replay reads one as it arrives
+    (steploop.TraceFeed), so a 100,000-request trace does not build every ledger before its
+    first step. A non-lazy row's ids move to its Request (the row drops them: the run's
+    writer drops the Request's once it is done, and nothing else holds them)."""
+    def __init__(self, trace: Trace, spec: ModelSpec, engine_cfg):
+        self._rows = trace.requests
+        #: in (arrival, rid) order, as the trace loaders leave them: TraceFeed takes it as it is
+        #: (sorting it would make every Request up front)
+        self.in_arrival_order = all((a.arrival_s, a.rid) <= (b.arrival_s, b.rid)
+                                    for a, b in zip(self._rows, self._rows[1:]))
+        self._made: list[Request | None] = [None] * len(self._rows)
+        self._eos, self._max_context, self._ignore_eos = tuple(spec.eos_token_ids), spec.max_context, engine_cfg.ignore_eos
+        self._sampling = (engine_cfg.temperature, engine_cfg.top_k, engine_cfg.top_p)
+        SamplingParams(*self._sampling)  # a bad setting fails here, before the run, not at the first arrival
+
+    def __len__(self) -> int:
+        return len(self._made)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        r = self._made[i]
+        if r is None:
+            r = self._made[i] = self._make(self._rows[i])
+        return r
+
+    def made(self) -> list[Request]:
+        """The requests read so far (a replay's: those that arrived), in order."""
+        return [r for r in self._made if r is not None]
+
+    def _make(self, t) -> Request:
         lazy = t.id_source  # the ids are made as the request arrives (TraceFeed), not all up front
         ids = None if lazy is not None else t.prompt_ids
-        if ids is None and lazy is None and t.prompt_len + t.output_len <= spec.max_context:
-            raise AssertionError(f"trace request {t.rid} has no token ids but fits the context {spec.max_context}")
-        sampling = SamplingParams(engine_cfg.temperature, engine_cfg.top_k, engine_cfg.top_p, seed=t.rid)
-        out.append(Request(rid=t.rid, prompt_len=t.prompt_len, max_new_tokens=t.output_len,
-                           arrival=t.arrival_s, prompt_ids=ids, ignore_eos=engine_cfg.ignore_eos,
-                           eos_token_ids=eos, priority=t.priority, sampling=sampling, ids_source=lazy))
-    return out
+        if ids is None and lazy is None and t.prompt_len + t.output_len <= self._max_context:
+            raise AssertionError(f"trace request {t.rid} has no token ids but fits the context {self._max_context}")
+        if lazy is None:
+            t.prompt_ids = None
+        return Request(rid=t.rid, prompt_len=t.prompt_len, max_new_tokens=t.output_len, arrival=t.arrival_s,
+                       prompt_ids=ids, ignore_eos=self._ignore_eos, eos_token_ids=self._eos, priority=t.priority,
+                       sampling=SamplingParams(*self._sampling, seed=t.rid), ids_source=lazy)
 
 
 def make_scheduler(cfg, spec: ModelSpec, num_pages: int) -> Scheduler:

@@ -109,9 +109,6 @@ def drive(cfg: Config, out_dir: str, built, keep_ids=None, print_table: bool = T
     if cfg.backend.name == "sim":  # a replay's finished requests go to the writer as they end (bounded memory)
         rows = RequestRows(keep_ids, request_row)
         driver.stream_rows(rows)
-        if trace is not None:
-            for t in trace.requests:  # the requests hold the ids now: each goes once its request is done
-                t.prompt_ids = None
     ran = _drive(cfg, driver, trace, len(requests))
     with _signals_wait_for_the_write():  # a second Ctrl-C from here waits for the files too
         driver.executor.fill_predictions(driver.steps)  # the engine's per-step predictions, out of its timed loop
@@ -122,7 +119,9 @@ def drive(cfg: Config, out_dir: str, built, keep_ids=None, print_table: bool = T
                 leak = f"KV leak after the run: {integrity}"
                 ran.complete, ran.error = False, f"integrity check failed: {leak}"
         queued = {id(r) for r in sched.waiting}
-        arrived = [r for r in requests if r.state.name != "WAITING" or id(r) in queued]  # not-yet-arrived: left out
+        made = getattr(requests, "made", None)  # a trace's requests that never arrived were never made
+        arrived = [r for r in (made() if made else requests)
+                   if r.state.name != "WAITING" or id(r) in queued]  # not-yet-arrived: left out
         if rows is not None:
             arrived = [r for r in arrived if r.rid not in rows.rids]
         extra = {**ran.fields(cfg, trace, len(requests), len(driver.steps)), "kv": {**info, "integrity": integrity}}

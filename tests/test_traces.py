@@ -598,3 +598,51 @@ def test_a_replay_makes_ids_as_requests_arrive():
     assert len(added) >= 10 and all(r.prompt_ids is not None and r.ids_source is None for r in added)
     assert all(r.prompt_ids is None for r in reqs[len(added):])
     assert np.array_equal(added[3].prompt_ids, trace.requests[3].prompt_ids)
+
+
+def test_a_replay_makes_each_request_as_it_arrives():
+    """A trace's Requests are made as the feed reads them (arrivals), equal to ones made up front."""
+    from testbed.assemble import requests_from
+    from testbed.config import EngineConfig
+    from testbed.steploop import TraceFeed
+    spec = SimpleNamespace(eos_token_ids=(2,), max_context=1 << 17)
+    trace = load(name="sharegpt", num_requests=30, rate=2.0)
+    reqs = requests_from(trace, spec, EngineConfig())
+    assert len(reqs) == 30 and reqs.made() == [] and reqs.in_arrival_order
+    feed = TraceFeed(reqs)
+    assert feed.requests is reqs and reqs.made() == []  # taken as it is: not sorted, nothing made
+    added = []
+    feed.admit(SimpleNamespace(add_request=lambda r, now: added.append(r)), trace.requests[9].arrival_s)
+    made = reqs.made()
+    assert [r.rid for r in added] == list(range(len(added))) and len(added) >= 10
+    assert [r.rid for r in made] == list(range(len(added) + 1))  # and the next one, whose arrival was read
+    assert feed.next_arrival() == made[-1].arrival and made[-1].prompt_ids is None  # its ids: when it arrives
+    eager = list(requests_from(load(name="sharegpt", num_requests=30, rate=2.0), spec, EngineConfig()))
+    for r in eager:
+        r.make_ids()
+    for a, b in zip(added, eager):
+        assert (a.rid, a.arrival, a.prompt_len, a.max_new_tokens, a.eos_token_ids, a.sampling) == (
+            b.rid, b.arrival, b.prompt_len, b.max_new_tokens, b.eos_token_ids, b.sampling)
+        assert np.array_equal(a.prompt_ids, b.prompt_ids)
+
+
+def test_a_trace_out_of_arrival_order_is_replayed_in_arrival_order():
+    """Rows not in (arrival, rid) order (a trace built by hand): the feed sorts them, as before."""
+    from testbed.assemble import requests_from
+    from testbed.config import EngineConfig
+    from testbed.steploop import TraceFeed
+    from testbed.traces.base import TraceRequest
+    rows = [TraceRequest(rid=i, arrival_s=a, prompt_len=4, output_len=2, made_ids=np.arange(4, dtype=np.int32))
+            for i, a in enumerate([0.5, 0.1, 0.3])]
+    reqs = requests_from(Trace(name="hand", requests=rows), SimpleNamespace(eos_token_ids=(), max_context=64),
+                         EngineConfig())
+    assert not reqs.in_arrival_order
+    assert [r.rid for r in TraceFeed(reqs).requests] == [1, 2, 0]
+
+
+def test_bad_sampling_settings_fail_before_the_replay():
+    from testbed.assemble import requests_from
+    from testbed.config import EngineConfig
+    with pytest.raises(ValueError, match="top_p"):
+        requests_from(load(name="sharegpt", num_requests=3), SimpleNamespace(eos_token_ids=(), max_context=1 << 17),
+                      EngineConfig(top_p=0.0))
