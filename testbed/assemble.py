@@ -9,6 +9,8 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from policies import config_like, eviction_key, make_policy
 from testbed.config import resolved_overlap
 from testbed.core import Request, SamplingParams
@@ -142,11 +144,13 @@ class TraceRequests(Sequence):
     first step. A non-lazy row's ids move to its Request (the row drops them: the run's
     writer drops the Request's once it is done, and nothing else holds them)."""
     def __init__(self, trace: Trace, spec: ModelSpec, engine_cfg):
-        self._rows = trace.requests
+        self._rows = rows = trace.requests
         #: in (arrival, rid) order, as the trace loaders leave them: TraceFeed takes it as it is
-        #: (sorting it would make every Request up front)
-        self.in_arrival_order = all((a.arrival_s, a.rid) <= (b.arrival_s, b.rid)
-                                    for a, b in zip(self._rows, self._rows[1:]))
+        #: (sorting it would make every Request up front). A loader's TraceRequestList has its
+        #: arrivals as a column (its rids ascend), read without making its rows.
+        col = getattr(rows, "arrival_s", None)
+        self.in_arrival_order = (bool((np.diff(col) >= 0).all()) if col is not None else
+                                 all((a.arrival_s, a.rid) <= (b.arrival_s, b.rid) for a, b in zip(rows, rows[1:])))
         self._made: list[Request | None] = [None] * len(self._rows)
         self._eos, self._max_context, self._ignore_eos = tuple(spec.eos_token_ids), spec.max_context, engine_cfg.ignore_eos
         self._sampling = (engine_cfg.temperature, engine_cfg.top_k, engine_cfg.top_p)

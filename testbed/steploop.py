@@ -62,18 +62,20 @@ class TraceFeed:
         # a trace's TraceRequests (testbed.assemble) are in that order already, and made as read
         ordered = getattr(requests, "in_arrival_order", False)
         self.requests = requests if ordered else sorted(requests, key=lambda r: (r.arrival, r.rid))
+        self._n = len(self.requests)
         self._next = 0
+        self._head = self.requests[0] if self._n else None  # the next to arrive (read every step)
 
     def admit(self, sched, now: float) -> None:
-        reqs, n = self.requests, len(self.requests)
-        while self._next < n and reqs[self._next].arrival <= now:
-            r = reqs[self._next]
+        while self._head is not None and self._head.arrival <= now:
+            r = self._head
             r.make_ids()  # a trace's lazy ids are made as the request arrives
             sched.add_request(r, now)
             self._next += 1
+            self._head = self.requests[self._next] if self._next < self._n else None
 
     def next_arrival(self) -> float | None:
-        return self.requests[self._next].arrival if self._next < len(self.requests) else None
+        return None if self._head is None else self._head.arrival
 
     def delivered(self, plan: BatchPlan, now: float) -> None:
         """A replay streams nothing: the ledgers are written at the end."""

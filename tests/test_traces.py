@@ -610,7 +610,7 @@ def test_a_replay_makes_each_request_as_it_arrives():
     reqs = requests_from(trace, spec, EngineConfig())
     assert len(reqs) == 30 and reqs.made() == [] and reqs.in_arrival_order
     feed = TraceFeed(reqs)
-    assert feed.requests is reqs and reqs.made() == []  # taken as it is: not sorted, nothing made
+    assert feed.requests is reqs and [r.rid for r in reqs.made()] == [0]  # not sorted: only the first is made
     added = []
     feed.admit(SimpleNamespace(add_request=lambda r, now: added.append(r)), trace.requests[9].arrival_s)
     made = reqs.made()
@@ -624,6 +624,22 @@ def test_a_replay_makes_each_request_as_it_arrives():
         assert (a.rid, a.arrival, a.prompt_len, a.max_new_tokens, a.eos_token_ids, a.sampling) == (
             b.rid, b.arrival, b.prompt_len, b.max_new_tokens, b.eos_token_ids, b.sampling)
         assert np.array_equal(a.prompt_ids, b.prompt_ids)
+
+
+def test_a_loaders_rows_are_made_as_read_and_kept():
+    """Trace.requests of a loader: each TraceRequest made on first read, the same object after
+    (what is set on it stays), indexable as a list, in rid order."""
+    trace = load(name="synthetic", num_requests=50, rate=5.0)
+    rows = trace.requests
+    assert len(rows) == 50 and rows[7] is rows[7] and rows[-1] is rows[49] and rows[2:4] == [rows[2], rows[3]]
+    assert [r.rid for r in rows] == list(range(50))
+    assert np.array_equal(rows.arrival_s, [r.arrival_s for r in rows]) and (np.diff(rows.arrival_s) >= 0).all()
+    ids = rows[3].prompt_ids
+    assert ids is not None and len(ids) == rows[3].prompt_len
+    rows[3].prompt_ids = None
+    assert rows[3].prompt_ids is None
+    with pytest.raises(IndexError):
+        rows[50]
 
 
 def test_a_trace_out_of_arrival_order_is_replayed_in_arrival_order():

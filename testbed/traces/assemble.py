@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .arrivals import describe_arrivals, synthesize_arrivals
-from .base import Source, Trace, TraceRequest
+from .base import Source, Trace, TraceRequestList
 from .config import TraceConfig
 from .lazy_ids import IdWindows
 from .streams import SHUFFLE
@@ -116,12 +116,7 @@ def assemble(name: str, rows: Rows, k: TraceConfig) -> Trace:
         runs[info["rids"]] = False
     source = IdWindows(name, rows.make_ids, take, rids, prompt, runs, None if rows.lazy_ids else np.inf)
     priority = rows.priority[take] if rows.priority is not None else np.zeros(n, dtype=np.int64)
-    requests = [
-        TraceRequest(rid=int(r), arrival_s=float(a), prompt_len=int(pl), output_len=int(o), priority=int(q),
-                     id_source=source if ok else None)
-        for r, a, pl, o, q, ok in zip(rids.tolist(), arrivals.tolist(), prompt.tolist(), output.tolist(),
-                                      priority.tolist(), runs.tolist())
-    ]
+    requests = TraceRequestList(np.asarray(arrivals, float), prompt, output, priority, runs, source)
     if not rows.lazy_ids:  # made now, in one call: the notes say what the maker found
         for r in requests:
             r.make_ids()

@@ -2,6 +2,7 @@
 registers its own), row labels for errors and where a trace file is (find_file)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -56,10 +57,38 @@ class TraceRequest:
             self.made_ids, self.id_source = self.id_source.ids(self.rid), None
 
 
+class TraceRequestList(Sequence):
+    """A trace's rows as TraceRequests, each made when first read and kept (its ids with it):
+    a replay reads a row as its request arrives, so 100,000 rows are not 100,000 objects before
+    the first step. The columns are the trace's, in rid order (rid i is row i)."""
+
+    def __init__(self, arrival_s: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray,
+                 priority: np.ndarray, runs: np.ndarray, source):
+        self.arrival_s = arrival_s  # float64 seconds; read whole by the replay (testbed.assemble)
+        self._cols = (arrival_s.tolist(), prompt_len.tolist(), output_len.tolist(), priority.tolist(), runs.tolist())
+        self._source = source  # lazy_ids.IdWindows: makes a row's ids when first read
+        self._made: list[TraceRequest | None] = [None] * len(arrival_s)
+
+    def __len__(self) -> int:
+        return len(self._made)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        r = self._made[i]
+        if r is None:
+            if i < 0:
+                i += len(self)
+            a, pl, o, q, ok = (c[i] for c in self._cols)
+            r = self._made[i] = TraceRequest(rid=i, arrival_s=a, prompt_len=pl, output_len=o, priority=q,
+                                             id_source=self._source if ok else None)
+        return r
+
+
 @dataclass
 class Trace:
     name: str
-    requests: list[TraceRequest]
+    requests: Sequence[TraceRequest]  # a list, or a loader's TraceRequestList
     # {"rule": "reject"|"truncate", "count": int, "rids": [...], "max_context": int|None}
     over_context: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # facts worth logging
