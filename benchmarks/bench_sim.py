@@ -5,7 +5,9 @@ command in both (a key renamed since is translated), so machine noise hits both.
 Per run: wall seconds of the whole process (interpreter start to exit), its peak RSS
 (the child's own rusage), simulated steps and requests per wall second, and start-up:
 seconds from spawning the process until the driver's run() is entered (imports, config,
-trace, scheduler and cost model built; the first step is next). Start-up is stamped by a
+trace, scheduler and cost model built; the first step is next), with the modules' bytecode
+cached as Python caches it by default (compileall over each tree's testbed/ and policies/ first;
+pip compiles the packages' own at install). Start-up is stamped by a
 two-line wrapper (STARTUP_WRAPPER) that both trees are run through, so it is measured the
 same way on a commit that logs no such time. Medians per tree and the ratio this / base of
 each figure go to benchmarks/results/sim_speed.json, or --out (with --only, the other workloads'
@@ -143,9 +145,14 @@ def main(argv=None) -> int:
                           text=True).stdout.strip()
     today = datetime.date.today().isoformat()
     results.update({"machine": f"2-core x86 VM ({platform.machine()}, {os.cpu_count()} CPUs)",
-                    "base_commit": a.base_commit, "this_commit": this, "date": today})
+                    "base_commit": a.base_commit, "this_commit": this, "date": today,
+                    "bytecode": "cached (python -m compileall testbed policies in each tree first)"})
     workloads = results.setdefault("workloads", {})
     with tempfile.TemporaryDirectory() as tmp:
+        # their own modules' bytecode, as a user's second run finds it (this VM sets
+        # PYTHONDONTWRITEBYTECODE: every run would compile every module of the tree)
+        for tree in (base, ROOT):
+            subprocess.run([sys.executable, "-m", "compileall", "-q", "testbed", "policies"], cwd=tree, check=True)
         for name in a.only or list(WORKLOADS):
             ours, theirs = WORKLOADS[name], base_overrides(WORKLOADS[name], base)
             runs = {"base": [], "this": []}
