@@ -30,7 +30,6 @@ PAD_BINS = (-0.01, 0.001, 0.05, 0.1, 0.15, 1.0)
 
 def eager_steps(dirs, model: str) -> pd.DataFrame:
     from testbed.fidelity.report import priced_runs
-    from testbed.sim.costmodel.fit import padded_tokens
     rows = []
     for d in dirs:
         for cost, steps, batches in priced_runs(d, model):
@@ -39,7 +38,7 @@ def eager_steps(dirs, model: str) -> pd.DataFrame:
                 if b is None or int(b[0].sum()) == len(b[0]):  # unknown, or decode only
                     continue
                 t = int(b[0].sum())
-                pad = float(padded_tokens(cost._pieces, [t])[0])
+                pad = float(cost.padded(t))
                 rows.append({"mixed": bool((b[0] == 1).any()), "tokens": t, "padding": (pad - t) / pad,
                              "ratio": float(cost.device_time(*b)) / float(dur[i])})
     return pd.DataFrame(rows)

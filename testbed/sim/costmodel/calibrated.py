@@ -291,7 +291,7 @@ class CalibratedCostModel:
         load = fa2_load(n, c, fa, plan) if plan else None
         got = self._base.get(tok)
         if got is None:  # a replay's eager steps have few distinct token counts (its chunk sizes)
-            pad = int(padded_tokens(self._pieces, [tok])[0])
+            pad = self.padded(tok)
             got = self._base[tok] = (pad, float(base_curve(self._bt, self._bs, [pad])[0]))
         pad, base = got
         x = eager_extras(n, c, fa, load, base=pad)
@@ -299,6 +299,11 @@ class CalibratedCostModel:
         if self._local is not None and plan and (n == 1).any():  # a mixed step
             t *= self._local.factor(n, c, plan, load)
         return t
+
+    def padded(self, tokens: int) -> int:
+        """The tokens an eager step of `tokens` new tokens runs its linear layers at: the size of
+        the piecewise CUDA graph that holds it (its own beyond the largest, or without them)."""
+        return int(padded_tokens(self._pieces, [tokens])[0])
 
     def _outside(self, kind, n, c, b, tok, kv) -> float:
         if kind not in self._warned:
