@@ -133,7 +133,7 @@ def trace_for(cfg, spec: ModelSpec) -> Trace:
     return load_trace(tcfg)
 
 
-def requests_from(trace: Trace, spec: ModelSpec, engine_cfg) -> "TraceRequests":
+def requests_from(trace: Trace, spec: ModelSpec, engine_cfg) -> TraceRequests:
     return TraceRequests(trace, spec, engine_cfg)
 
 
@@ -143,6 +143,7 @@ class TraceRequests(Sequence):
     (steploop.TraceFeed), so a 100,000-request trace does not build every ledger before its
     first step. A non-lazy row's ids move to its Request (the row drops them: the run's
     writer drops the Request's once it is done, and nothing else holds them)."""
+
     def __init__(self, trace: Trace, spec: ModelSpec, engine_cfg):
         self._rows = rows = trace.requests
         #: in (arrival, rid) order, as the trace loaders leave them: TraceFeed takes it as it is
