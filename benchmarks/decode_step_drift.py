@@ -4,7 +4,10 @@ The runs' decode graphs of 33+ rows are priced 1-2% short on every machine start
 batches timed alone, the GPU idle between shapes, come within about 1%. If a GPU kept busy for
 seconds ran slower (clocks under sustained load), the price / measured ratio would fall with the
 time since the run's first step and with how busy the device was in the second before the step.
-This bins every rebuilt decode-graph step of a run set's Qwen3-0.6B cells both ways.
+If the KV's layout set it (issue #17: a request's decoded tokens lie one a step among its batch's,
+its prompt in one run; the step profiler lays out 20% of a row that way), the ratio would fall with
+the share of the step's KV tokens its rows decoded themselves. This bins every rebuilt
+decode-graph step of a run set's Qwen3-0.6B cells by each of the three.
 
     python benchmarks/decode_step_drift.py [--dir DIR] [--model qwen3_0_6b] [--out FILE]
 
@@ -25,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 ROWS = (0, 8, 32, 64, 256)
 SINCE_START = (0, 1, 2, 5, 10, 1000)  # seconds
 BUSY = (0, 0.8, 0.95, 1.0)  # device busy share of the second before the step
+DECODED = (0, 0.1, 0.2, 0.3, 0.5, 1.0)  # share of the step's KV tokens its rows decoded (interleaved)
 
 
 def busy_before(start: np.ndarray, duration: np.ndarray, window: float = 1.0) -> np.ndarray:
@@ -40,15 +44,18 @@ def busy_before(start: np.ndarray, duration: np.ndarray, window: float = 1.0) ->
 
 
 def decode_steps(d: Path, model: str) -> pd.DataFrame:
+    from testbed.fidelity.batches import decoded_tokens
     from testbed.fidelity.report import priced_runs
     rows = []
-    for cost, steps, batches in priced_runs(d, model):
+    for cost, steps, batches, reqs in priced_runs(d, model):
         start, dur = steps["start_s"].to_numpy(), steps["duration_s"].to_numpy()
         busy = busy_before(start, dur)
+        decoded = decoded_tokens(reqs, steps)
         for i, b in enumerate(batches):
             if b is None or not (b[0] == 1).all() or not cost.is_graph(b[0]):
                 continue
             rows.append({"rows": len(b[0]), "since_start_s": float(start[i] - start[0]), "busy": float(busy[i]),
+                         "decoded_share": float(decoded[i]) / float((b[0] + b[1]).sum()),
                          "ratio": float(cost.device_time(*b)) / float(dur[i])})
     return pd.DataFrame(rows)
 
@@ -72,7 +79,8 @@ def main() -> None:
     df = decode_steps(a.dir, a.model)
     if df.empty:
         raise SystemExit(f"error: no CUDA-graph decode steps of model {a.model!r} in {a.dir}")
-    res = {"since_start": bins(df, "since_start_s", SINCE_START), "busy_before": bins(df, "busy", BUSY)}
+    res = {"since_start": bins(df, "since_start_s", SINCE_START), "busy_before": bins(df, "busy", BUSY),
+           "decoded_share": bins(df, "decoded_share", DECODED)}
     for key, rows in res.items():
         for r in rows:
             print(f"{key:12s} rows {r['rows']:>7s} {list(r.values())[1]:>9s}: {r['steps']:6d} steps, "

@@ -32,7 +32,7 @@ def eager_steps(dirs, model: str) -> pd.DataFrame:
     from testbed.fidelity.report import priced_runs
     rows = []
     for d in dirs:
-        for cost, steps, batches in priced_runs(d, model):
+        for cost, steps, batches, _ in priced_runs(d, model):
             dur = steps["duration_s"].to_numpy()
             for i, b in enumerate(batches):
                 if b is None or int(b[0].sum()) == len(b[0]):  # unknown, or decode only

@@ -28,3 +28,13 @@ def test_bins_by_rows_and_the_column():
     got = drift.bins(df, "since_start_s", drift.SINCE_START)
     assert [(r["rows"], r["since_start_s"], r["steps"], r["median_ratio"]) for r in got] == [
         ("1-8", "0-1", 1, 0.99), ("1-8", "5-10", 1, 1.01), ("33-64", "2-5", 2, 0.97)]
+
+
+def test_decoded_tokens_counts_each_decode_rows_own_tokens():
+    """A decode step holds k of a request's own tokens when it makes its token k + 1."""
+    from testbed.fidelity.batches import decoded_tokens
+    steps = pd.DataFrame({"end_s": [1.0, 2.0, 3.0, 4.0]})
+    reqs = pd.DataFrame({"state": ["FINISHED", "FINISHED", "ABORTED"],
+                         "token_times_s": [[1.0, 2.0, 3.0], [2.0, 3.0, 4.0], [1.0, 2.0]]})
+    # request 0: tokens 2, 3 at steps 1, 2 (1 and 2 own tokens); request 1: steps 2, 3; the aborted one: none
+    assert decoded_tokens(reqs, steps).tolist() == [0, 1, 3, 2]

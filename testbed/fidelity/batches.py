@@ -82,6 +82,24 @@ def step_batches(requests: pd.DataFrame, steps: pd.DataFrame) -> list[tuple[np.n
     return out
 
 
+def decoded_tokens(requests: pd.DataFrame, steps: pd.DataFrame) -> np.ndarray:
+    """Per step row: the KV tokens its decode rows generated themselves, the one each writes
+    this step included (the step that makes a request's token k + 1 holds k of them). The
+    allocator gives a decoding request one page a step, so these lie interleaved with the other
+    rows' while its prompt is one run of slots. Counted over the finished requests, as
+    step_batches rebuilds the steps (where it gives None the count is not the step's)."""
+    by_end, _ = _time_index(steps["end_s"].to_numpy())
+    out = np.zeros(len(steps), np.int64)
+    for r in requests.itertuples(index=False):
+        if r.state != "FINISHED":
+            continue
+        for k, t in enumerate(r.token_times_s[1:], start=1):
+            i = by_end.get(t, -1)
+            if i >= 0:
+                out[i] += k
+    return out
+
+
 def step_device_errors(requests: pd.DataFrame, steps: pd.DataFrame, cost) -> pd.DataFrame:
     """A row per rebuilt step: kind (decode_graph, decode_eager, prefill, mixed), requests,
     measured device seconds (duration_s), the device time the simulator would charge it (the

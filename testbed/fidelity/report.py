@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -245,17 +246,23 @@ def cell_cost_model(run: Path, cell):
     return assemble.cost_model(cfg, assemble.model_spec(cfg))[0]
 
 
+class PricedRun(NamedTuple):
+    cost: Any  # the cost model the simulator replays the cell with
+    steps: pd.DataFrame  # the run's steps.parquet
+    batches: list  # its steps' (extend, cached) lengths, or None (step_batches)
+    requests: pd.DataFrame  # the run's requests.parquet
+
+
 def priced_runs(out: Path, model: str):
-    """Per engine run of `model`'s cells in out/plan.json: the cost model the simulator replays
-    the cell with, the run's steps.parquet and its steps' batches (step_batches), for the
-    scripts that price every served step."""
+    """A PricedRun per engine run of `model`'s cells in out/plan.json, for the scripts that
+    price every served step."""
     from testbed.fidelity.cells import read_plan
     for cell in read_plan(out / "plan.json"):
         if cell.model != model:
             continue
         for run in engine_runs(out, cell):
             reqs, steps = pd.read_parquet(run / "requests.parquet"), pd.read_parquet(run / "steps.parquet")
-            yield cell_cost_model(run, cell), steps, step_batches(reqs, steps)
+            yield PricedRun(cell_cost_model(run, cell), steps, step_batches(reqs, steps), reqs)
 
 
 def shown_dir(out: Path) -> str:
