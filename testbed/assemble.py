@@ -14,6 +14,7 @@ import numpy as np
 from policies import config_like, eviction_key, make_policy
 from testbed.config import resolved_overlap
 from testbed.core import Request, SamplingParams
+from testbed.core.made_on_read import MadeOnRead
 from testbed.modelspec import ModelSpec, check_tp_split, model_spec_from_cfg, tp_split_problems
 from testbed.scheduler import Scheduler, SchedulerConfig
 from testbed.steploop import Driver, Executor
@@ -137,7 +138,7 @@ def requests_from(trace: Trace, spec: ModelSpec, engine_cfg) -> TraceRequests:
     return TraceRequests(trace, spec, engine_cfg)
 
 
-class TraceRequests(Sequence):
+class TraceRequests(MadeOnRead):
     """A trace's requests as the scheduler's Requests, in the trace's order (its rids, which
     is arrival order), each made when first read: a replay reads one as it arrives
     (steploop.TraceFeed), so a 100,000-request trace does not build every ledger before its
@@ -152,27 +153,13 @@ class TraceRequests(Sequence):
         col = getattr(rows, "arrival_s", None)
         self.in_arrival_order = (bool((np.diff(col) >= 0).all()) if col is not None else
                                  all((a.arrival_s, a.rid) <= (b.arrival_s, b.rid) for a, b in zip(rows, rows[1:])))
-        self._made: list[Request | None] = [None] * len(self._rows)
+        super().__init__(len(rows))
         self._eos, self._max_context, self._ignore_eos = tuple(spec.eos_token_ids), spec.max_context, engine_cfg.ignore_eos
         self._sampling = (engine_cfg.temperature, engine_cfg.top_k, engine_cfg.top_p)
         SamplingParams(*self._sampling)  # a bad setting fails here, before the run, not at the first arrival
 
-    def __len__(self) -> int:
-        return len(self._made)
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        r = self._made[i]
-        if r is None:
-            r = self._made[i] = self._make(self._rows[i])
-        return r
-
-    def made(self) -> list[Request]:
-        """The requests read so far (a replay's: those that arrived), in order."""
-        return [r for r in self._made if r is not None]
-
-    def _make(self, t) -> Request:
+    def _make(self, i: int) -> Request:
+        t = self._rows[i]
         lazy = t.id_source  # the ids are made as the request arrives (TraceFeed), not all up front
         ids = None if lazy is not None else t.prompt_ids
         if ids is None and lazy is None and t.prompt_len + t.output_len <= self._max_context:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from testbed.core.made_on_read import MadeOnRead
 from testbed.core.registry import Registry
 
 # <repo>/traces: the bundled data files (testbed/traces/../../traces).
@@ -57,32 +58,22 @@ class TraceRequest:
             self.made_ids, self.id_source = self.id_source.ids(self.rid), None
 
 
-class TraceRequestList(Sequence):
+class TraceRequestList(MadeOnRead):
     """A trace's rows as TraceRequests, each made when first read and kept (its ids with it):
     a replay reads a row as its request arrives, so 100,000 rows are not 100,000 objects before
     the first step. The columns are the trace's, in rid order (rid i is row i)."""
 
     def __init__(self, arrival_s: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray,
                  priority: np.ndarray, runs: np.ndarray, source):
+        super().__init__(len(arrival_s))
         self.arrival_s = arrival_s  # float64 seconds; read whole by the replay (testbed.assemble)
         self._cols = (arrival_s.tolist(), prompt_len.tolist(), output_len.tolist(), priority.tolist(), runs.tolist())
         self._source = source  # lazy_ids.IdWindows: makes a row's ids when first read
-        self._made: list[TraceRequest | None] = [None] * len(arrival_s)
 
-    def __len__(self) -> int:
-        return len(self._made)
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        r = self._made[i]
-        if r is None:
-            if i < 0:
-                i += len(self)
-            a, pl, o, q, ok = (c[i] for c in self._cols)
-            r = self._made[i] = TraceRequest(rid=i, arrival_s=a, prompt_len=pl, output_len=o, priority=q,
-                                             id_source=self._source if ok else None)
-        return r
+    def _make(self, i: int) -> TraceRequest:
+        a, pl, o, q, ok = (c[i] for c in self._cols)
+        return TraceRequest(rid=i, arrival_s=a, prompt_len=pl, output_len=o, priority=q,
+                            id_source=self._source if ok else None)
 
 
 @dataclass
