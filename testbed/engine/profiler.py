@@ -83,8 +83,8 @@ HOST_POLICIES = ("chunked", "prefill_first", "decode_first")
 SERVING_LOADS = ((2.0, 8), (8.0, 48))
 # The share of a decode row's context laid out as generated tokens (interleaved across the
 # batch, see synthetic_batch): about what ShareGPT and Azure conversations have (outputs
-# 17-21% of prompt + output). A contiguous layout measured 5-19% faster decode steps at
-# batch 16-64 than the engine's own on Llama-3.1-8B.
+# 17-21% of prompt + output). On the H200 the share does not change a decode step's time: 0-80%
+# interleaved within 0.8% at batch 16-256 (benchmarks/exp_kv_layout.py, results/engine/README.md).
 DECODE_INTERLEAVE = 0.2
 
 
