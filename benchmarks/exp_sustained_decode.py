@@ -1,0 +1,145 @@
+"""Experiment (issues #11, #17): is a decode step slower when the GPU runs steps back to back
+than when it is timed alone, as the step profiler times it?
+
+The fidelity runs' CUDA-graph decode steps of 33+ rows are priced 1-4% short on every machine
+start, while the same batches timed alone come within about 1%, and the shortfall is there from
+a run's first seconds (benchmarks/results/fidelity/experiments/README.md). The profiler times a
+shape by holding the device with a sleep kernel, then one step, then a sync: the GPU idles (at
+low power) between steps. A serving run keeps it busy. If a large step draws enough power to pull
+the SM clock down within milliseconds, it runs slower back to back than alone.
+
+For each batch size (one context for every row, 20% of it interleaved as the profiler lays decode
+rows out) and round, in turn:
+- `alone`: time_host_batch, as the profiler times a shape (median of `--repeats`);
+- `sustained`: `--steps` steps launched as the serving loop launches them (the next step
+  enqueued before the previous one is collected, so the device never waits), median of the last
+  two thirds and of the first ten;
+- `alone_after`: time_host_batch again right after.
+A side `nvidia-smi` samples the SM clock and power every 20 ms; each phase gets their medians.
+GPU only (`--set engine.device=cpu ...` runs it on the CPU reference engine, for the test, with no
+clock sampling).
+
+    python benchmarks/exp_sustained_decode.py --model qwen3_0_6b --out FILE [--batches 8,32,...]
+        [--context 700] [--steps 300] [--rounds 2] [--set KEY=VALUE ...]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def sustained(ex, hb, steps: int) -> list[float]:
+    """Device time of each of `steps` back-to-back steps of one batch, launched one ahead."""
+    from testbed.engine.synthetic_batch import greedy_sampling
+    sampling = greedy_sampling(hb.fb.batch_size)
+    out, prev = [], ex.launch_host(hb, sampling)
+    for _ in range(steps - 1):
+        h = ex.launch_host(hb, sampling)
+        out.append(ex.collect(prev).duration)
+        prev = h
+    out.append(ex.collect(prev).duration)
+    return out
+
+
+class ClockLog:
+    """nvidia-smi's SM clock and power every 20 ms, with wall-clock stamps, into a file."""
+
+    def __init__(self):
+        self.path = Path(tempfile.mkdtemp()) / "clocks.csv"
+        self.proc = None
+        if shutil.which("nvidia-smi"):
+            self.proc = subprocess.Popen(
+                ["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw", "--format=csv,noheader,nounits",
+                 "-lms", "20"], stdout=self.path.open("w"), stderr=subprocess.DEVNULL)
+
+    def stop(self) -> list[tuple[float, float, float]]:
+        if self.proc is None:
+            return []
+        self.proc.terminate()
+        self.proc.wait()
+        rows = []
+        for line in self.path.read_text().splitlines():
+            try:
+                ts, sm, pw = (x.strip() for x in line.split(","))
+                t = time.mktime(time.strptime(ts.split(".")[0], "%Y/%m/%d %H:%M:%S")) + float("0." + ts.split(".")[1])
+                rows.append((t, float(sm), float(pw)))
+            except (ValueError, IndexError):
+                continue  # a line cut by terminate
+        return rows
+
+
+def during(samples, t0: float, t1: float) -> dict:
+    sel = [(sm, pw) for t, sm, pw in samples if t0 <= t <= t1]
+    if not sel:
+        return {}
+    sm, pw = np.array(sel).T
+    return {"sm_mhz": float(np.median(sm)), "power_w": float(np.median(pw)), "samples": len(sel)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="qwen3_0_6b")
+    ap.add_argument("--batches", default="8,32,64,96,128,160,192,256")
+    ap.add_argument("--context", type=int, default=700)
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+
+    from probe_engine import probe_engine
+    from testbed.engine.profiler import DECODE_INTERLEAVE, time_host_batch
+    from testbed.engine.synthetic_batch import synthetic_host_batch
+
+    spec, s, parts, ex, cps = probe_engine(a.model, a.set)
+    batches = [int(x) for x in a.batches.split(",")]
+    hbs = {b: synthetic_host_batch(np.ones(b, np.int64), np.full(b, a.context - 1, np.int64), parts.slots,
+                                   s.page_size, spec.vocab_size, interleave=DECODE_INTERLEAVE, pending=True)
+           for b in batches}
+    clocks = ClockLog()
+    phases = []  # (batch, round, phase, t0, t1, figures)
+    try:
+        for r in range(a.rounds):
+            for b in batches:
+                t0 = time.time()
+                alone = time_host_batch(ex, hbs[b], a.repeats, cps)["device_s"]
+                t1 = time.time()
+                d = sustained(ex, hbs[b], a.steps)
+                t2 = time.time()
+                after = time_host_batch(ex, hbs[b], a.repeats, cps)["device_s"]
+                t3 = time.time()
+                steady = float(np.median(d[len(d) // 3:]))
+                phases += [(b, r, "alone", t0, t1, {"device_s": alone}),
+                           (b, r, "sustained", t1, t2, {"device_s": steady, "first10_s": float(np.median(d[:10])),
+                                                        "steps": len(d)}),
+                           (b, r, "alone_after", t2, t3, {"device_s": after})]
+                print(f"batch {b:4d} round {r}: alone {alone * 1e3:.3f} ms, sustained {steady * 1e3:.3f} ms "
+                      f"({steady / alone:.3f}x; first ten {np.median(d[:10]) * 1e3:.3f}), after {after * 1e3:.3f}",
+                      flush=True)
+    finally:
+        samples = clocks.stop()
+        rows = [{"batch": b, "round": r, "phase": p, **fig, **during(samples, t0, t1)}
+                for b, r, p, t0, t1, fig in phases]
+        Path(a.out).write_text(json.dumps({"model": a.model, "context": a.context, "steps": a.steps,
+                                           "interleave": DECODE_INTERLEAVE, "rows": rows}, indent=1))
+    for b in batches:
+        sel = {p: [x for x in rows if x["batch"] == b and x["phase"] == p] for p in ("alone", "sustained")}
+        ratio = np.median([y["device_s"] for y in sel["sustained"]]) / np.median([y["device_s"] for y in sel["alone"]])
+        clk = {p: np.median([y.get("sm_mhz", np.nan) for y in v]) for p, v in sel.items()}
+        print(f"batch {b:4d}: sustained / alone {ratio:.3f}; SM clock {clk['alone']:.0f} -> {clk['sustained']:.0f} MHz")
+
+
+if __name__ == "__main__":
+    main()
