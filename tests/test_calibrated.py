@@ -301,14 +301,15 @@ def test_a_padded_prompt_attends_over_its_own_tokens_only():
     """The padding rows run the linear layers, not attention: a 5,170-token prompt in the
     5,632-token graph is priced under the 5,632-token prompt the base curve measured (on the
     H200 the fidelity runs' 5,170-token prompts took 22.45 ms, the profile's 5,632 24.24 ms)."""
-    from testbed.sim.costmodel.fit import attn_work, eager_extras
+    from testbed.sim.costmodel.eager_batch import EagerBatch
+    from testbed.sim.costmodel.fit import eager_extras
     model = cm()
     assert 5170 not in model.profile["device"]["eager"]["piece_sizes"]
     full, padded = model.device_time([5632], [0]), model.device_time([5170], [0])
     assert padded < 0.95 * full
     assert padded > model.device_time([5120], [0])  # the linear layers still run 5,632 rows
     x = eager_extras([5170], [0], model._fa2, base=5632)
-    assert x[0] == attn_work([5170], [0]) - 5632 * 5633 / 2 < 0  # less attention than the base prompt's
+    assert x[0] == EagerBatch([5170], [0]).attn_work() - 5632 * 5633 / 2 < 0  # less attention than the base prompt's
     assert (eager_extras([5170], [0], model._fa2) == 0).all()  # against its own tokens: nothing extra
 
 
@@ -339,12 +340,16 @@ def test_fa2_plan_splits_kv_as_flashinfer_documents(rows, heads, page):
 @given(st.lists(st.tuples(st.integers(1, 8192), st.integers(0, 131072)), min_size=1, max_size=300),
        st.sampled_from([(2, 8), (4, 8), (8, 2)]))
 def test_integer_sums_give_the_float_sums_exactly(rows, heads):
-    """attn_work and fa2_load sum integer batches in ints: the very floats of their float
-    definitions (the simulator's step times, and so its files, stay bit for bit)."""
-    from testbed.sim.costmodel.fit import FA2_TILES, Fa2Shape, attn_work, fa2_load, fa2_plan
+    """The eager price's terms (EagerBatch) sum integer batches in ints: the very floats of their
+    float definitions, array by array (the simulator's step times, and so its files, stay bit for
+    bit)."""
+    from testbed.sim.costmodel.eager_batch import EagerBatch
+    from testbed.sim.costmodel.fit import FA2_TILES, Fa2Shape, fa2_load, fa2_plan, local_features
     n, c = np.array([r[0] for r in rows]), np.array([r[1] for r in rows])
     nf, cf = n.astype(float), c.astype(float)
-    assert attn_work(n, c) == float((nf * (cf + (nf + 1) / 2)).sum()) == attn_work(nf, cf)
+    b = EagerBatch(n, c)
+    assert b.attn_work() == float((nf * (cf + (nf + 1) / 2)).sum())
+    assert b.imbalance() == float(len(n) * (n + c).max() - (n + c).sum())
     fa = Fa2Shape(group=heads[0], kv_heads=heads[1], num_sms=132)
     tile, chunk, items = plan = fa2_plan(n, c, fa)
     q = max(tile // fa.group, 1)
@@ -353,6 +358,14 @@ def test_integer_sums_give_the_float_sums_exactly(rows, heads):
     blocks = items * fa.kv_heads
     load = max(chunk * min(2, -(-blocks // 132)), spread) if blocks <= 2 * 132 else spread + chunk
     assert fa2_load(n, c, fa, plan).tolist() == [load if t == tile else 0.0 for t in FA2_TILES]
+    fresh = fa2_load([4096], [0], fa)
+    head = [float((nf * (cf + (nf + 1) / 2)).sum()) - 4096 * 4097 / 2, float(c.sum()), len(n) - 1.0,
+            float(len(n) * (n + c).max() - (n + c).sum())]
+    want = head + ([0.0] * 3 if n.sum() == len(n) else (fa2_load(n, c, fa, plan) - fresh).tolist())
+    assert b.extras(fa, 4096).tolist() == want
+    g, x = local_features(n, c, fa)
+    assert g == (tile, blocks <= 2 * 132) and x.tolist() == [
+        math.log2(int(n.sum())), math.log2(1 + int((n == 1).sum())), math.log2(1 + int(c.sum())), math.log2(1 + load)]
 
 
 def test_host_scale_multiplies_host_times_only():

@@ -53,8 +53,9 @@ import numpy as np
 from testbed.modelspec import ModelSpec
 from testbed.sim.costmodel.base import COST_MODELS, StepCost, as_batch, costs_step_by_step
 from testbed.sim.costmodel.decode_plan import DecodePlan
+from testbed.sim.costmodel.eager_batch import EagerBatch
 from testbed.sim.costmodel.fit import (EAGER_EXTRA, MODEL_FIELDS, PROFILE_FORMAT, Fa2Shape, LocalCorrection,
-                                       base_curve, eager_extras, fa2_load, fa2_plan, graph_lengths,
+                                       base_curve, graph_lengths,
                                        padded_tokens, predict_host_parts, whole_step_rule)
 from testbed.sim.costmodel.hardware import HardwareSpec
 
@@ -287,17 +288,17 @@ class CalibratedCostModel:
         if b > self.range["reqs"] or tok > self.range["tokens"] or kv > self.range["kv_tokens"]:
             return self._outside(kind, n, c, b, tok, kv)
         fa = self._fa2
-        plan = fa2_plan(n, c, fa) if fa is not None and tok > b else None  # the prefill kernel's
-        load = fa2_load(n, c, fa, plan) if plan else None
+        eb = EagerBatch(n, c)  # the batch's terms in ints, once (eager_batch says why)
+        plan = eb.fa2_plan(fa) if fa is not None and tok > b else None  # the prefill kernel's
+        load = eb.fa2_load(fa, plan) if plan else None
         got = self._base.get(tok)
         if got is None:  # a replay's eager steps have few distinct token counts (its chunk sizes)
             pad = self.padded(tok)
             got = self._base[tok] = (pad, float(base_curve(self._bt, self._bs, [pad])[0]))
         pad, base = got
-        x = eager_extras(n, c, fa, load, base=pad)
-        t = float(base + self._extra @ x)
-        if self._local is not None and plan and (n == 1).any():  # a mixed step
-            t *= self._local.factor(n, c, plan, load)
+        t = float(base + self._extra @ eb.extras(fa, pad, plan, load))
+        if self._local is not None and plan and eb.decodes:  # a mixed step
+            t *= self._local.factor_at(*eb.local_place(fa, plan, load))
         return t
 
     def padded(self, tokens: int) -> int:

@@ -49,13 +49,13 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import datetime as _dt
-import functools
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from testbed.sim.costmodel.decode_plan import DecodePlan
+from testbed.sim.costmodel.eager_batch import FA2_TILES, EagerBatch, Fa2Shape, fa2_query_tile  # noqa: F401 (re-exported)
 
 PROFILE_FORMAT = 2
 #: the local correction of mixed steps (LocalCorrection): the residuals of the k measured mixed
@@ -78,7 +78,6 @@ def woken(row: dict) -> bool:
 HOST_FEATURES = {"decode": ("const", "reqs", "kv_tokens"), "prefill": ("const", "reqs", "tokens", "kv_tokens")}
 LAUNCH_FEATURES = {"graph": ("const", "reqs"), "whole": ("const", "reqs"), "eager": ("const", "reqs", "tokens")}
 COMPLETE_FEATURES = ("const", "reqs")
-FA2_TILES = (16, 64, 128)
 FA2_FEATURES = tuple(f"fa2_tile{t}" for t in FA2_TILES)
 EAGER_EXTRA = ("attn_extra", "kv_extra", "reqs_extra", "imbalance") + FA2_FEATURES
 MODEL_FIELDS = ("architecture", "hidden_size", "intermediate_size", "num_layers", "num_q_heads",
@@ -150,44 +149,6 @@ def median_nnls(x: np.ndarray, y: np.ndarray, iters: int = 50) -> np.ndarray:
     return c
 
 
-def attn_work(extend, cached) -> float:
-    """The (query, key) pairs under the causal mask: sum of n (c + (n + 1) / 2). Each term is an
-    integer (n (n + 1) / 2 is one), so integer batches are summed in ints: the float they give is
-    the float sum's, exactly, and two numpy calls cheaper (the simulator prices every step)."""
-    n, c = np.asarray(extend), np.asarray(cached)
-    if n.dtype.kind in "iu" and c.dtype.kind in "iu":
-        return float(int(n @ c) + int(n @ (n + 1)) // 2)
-    n, c = n.astype(float), c.astype(float)
-    return float((n * (c + (n + 1) / 2)).sum())
-
-
-def imbalance(extend, cached) -> float:
-    """How unequal the rows' contexts are: rows x the longest context - the KV tokens (0 when
-    every row is as long). Attention kernels that give each row its own thread blocks take as
-    long as the longest row."""
-    ctx = np.asarray(extend) + np.asarray(cached)
-    return float(len(ctx) * ctx.max() - ctx.sum())
-
-
-@dataclass(frozen=True)
-class Fa2Shape:
-    """What flashinfer's fa2 batch-prefill plan depends on beyond the batch: query heads per KV
-    head, KV heads (of one TP rank), the GPU's SMs, the page size."""
-    group: int
-    kv_heads: int
-    num_sms: int
-    page_size: int = 1
-
-
-def fa2_query_tile(packed_rows):
-    """The fa2 plan's query tile for a packed query length (the batch's mean in an eager plan;
-    the most rows a request could hold in a CUDA-graph plan, testbed/engine/whole_graphs.py);
-    an int, or an array of them for an array."""
-    if isinstance(packed_rows, np.ndarray):
-        return np.where(packed_rows > 64, 128, np.where(packed_rows > 16, 64, 16))
-    return 128 if packed_rows > 64 else 64 if packed_rows > 16 else 16
-
-
 @dataclass(frozen=True)
 class WholeStepRule:
     """Which eager steps the engine replays as one whole-step CUDA graph
@@ -232,98 +193,36 @@ def whole_step_rule(engine: dict, piece_sizes, group: int) -> WholeStepRule | No
 
 
 def fa2_plan(extend, cached, fa: Fa2Shape) -> tuple[int, int, int]:
-    """(query tile, KV chunk in tokens, work items) of flashinfer's fa2 batch-prefill plan: the
-    query tile from the mean packed query length (tokens x group: > 64 -> 128, > 16 -> 64,
-    else 16); each request's tiles x KV chunks are the work items, one thread block per item
-    and KV head, and the KV chunk is the smallest that keeps the items within two blocks per
-    SM. The rules as flashinfer 0.6 plans (include/flashinfer/attention/scheduler.cuh, read
-    there; written here)."""
-    n = np.asarray(extend, np.int64)
-    ctx = n + np.asarray(cached, np.int64)
-    P = fa.page_size
-    kv = ctx if P == 1 else np.maximum(-(-ctx // P), 1)  # pages (a row extends by 1 at least)
-    tile = fa2_query_tile(int(n.sum()) * fa.group // len(n))
-    tiles = -(-(n * fa.group) // tile)
-    limit = max(1, 2 * fa.num_sms // fa.kv_heads)
-    lo, hi = max(128 // P, 1), int(kv.max())
-    total = int(tiles.sum())
-    if total > limit:  # more query tiles than the limit: no chunk fits, none is split
-        # the chunk holds the longest row: each row's items are its tiles
-        return tile, max(lo, hi) * P, total
-    # the smallest chunk whose items fit the limit; at most `limit` rows get here (a row has a
-    # tile at least), so plain ints search faster than numpy calls on a few elements
-    pairs = list(zip(tiles.tolist(), kv.tolist()))
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if sum(t * -(-k // mid) for t, k in pairs) > limit:
-            lo = mid + 1
-        else:
-            hi = mid
-    chunk = max(lo, 1)
-    return tile, chunk * fa.page_size, sum(t * -(-k // chunk) for t, k in pairs)
+    """(query tile, KV chunk in tokens, work items) of flashinfer's fa2 batch-prefill plan for
+    a batch (EagerBatch.fa2_plan says how)."""
+    return EagerBatch(extend, cached).fa2_plan(fa)
 
 
 def fa2_load(extend, cached, fa: Fa2Shape, plan: tuple[int, int, int] | None = None) -> np.ndarray:
-    """The KV tokens the busiest SM works through under the plan, in the column of the plan's
-    query tile (FA2_FEATURES). When every block is resident at once (at most two an SM): its
-    longest work item, twice over when two blocks share an SM, or the KV tokens all blocks
-    attend to spread over the SMs when that is more; when the blocks run in waves: that spread
-    plus one longest item (the last wave's tail). Causal: a query tile attends to the prefix
-    and the new tokens up to its last row. A KV token costs more the larger the tile (64
-    query rows compute 4x 16). plan: fa2_plan's, when the caller has it."""
-    tile, chunk, items = plan or fa2_plan(extend, cached, fa)
-    n = np.asarray(extend, np.int64)
-    c = np.asarray(cached, np.int64)
-    rows = max(tile // fa.group, 1)  # new tokens a query tile holds
-    k = n if rows == 1 else -(-n // rows)  # each row's query tiles
-    # the KV tokens its tiles attend to, sum of k c + rows k (k + 1) / 2 - (k rows - n), in ints
-    attended = int(k @ c) + rows * int(k @ (k + 1)) // 2 - (rows * int(k.sum()) - int(n.sum()))
-    spread = float(attended) * fa.kv_heads / fa.num_sms
-    blocks = items * fa.kv_heads
-    if blocks <= 2 * fa.num_sms:  # every block resident at once (two an SM): the longest sets the time
-        load = max(chunk * min(2, -(-blocks // fa.num_sms)), spread)
-    else:  # blocks in waves: the mean an SM takes, plus the tail of one longest item
-        load = spread + chunk
-    return np.array([load if t == tile else 0.0 for t in FA2_TILES], float)
+    """The KV tokens the busiest SM works through under the plan (EagerBatch.fa2_load), in the
+    column of the plan's query tile (FA2_FEATURES). A KV token costs more the larger the tile
+    (64 query rows compute 4x 16)."""
+    b = EagerBatch(extend, cached)
+    plan = plan or b.fa2_plan(fa)
+    load = b.fa2_load(fa, plan)
+    return np.array([load if t == plan[0] else 0.0 for t in FA2_TILES], float)
 
 
-def eager_extras(extend, cached, fa: Fa2Shape | None, load: np.ndarray | None = None,
-                 base: int | None = None) -> np.ndarray:
-    """What a batch has beyond the base curve's fresh prompt of ``base`` tokens (its padded
-    tokens, padded_tokens; None: its own tokens) (EAGER_EXTRA): attention work, KV tokens read
-    beyond the new ones, requests beyond one, imbalance, and the prefill kernel's busiest-SM
-    load per query tile (fa2_load; a decode-only batch runs the decode kernel: none; fa None:
-    the profile has no fa2 shape; load: fa2_load's, when the caller has it). The base prompt
-    is the padded one because the curve was measured at piecewise-graph sizes: the padding
-    rows run the linear layers, not attention, so a 5,170-token prompt in the 5,632 graph
-    attends over less than the curve's prompt did (its attention terms come out negative)."""
-    n, c = np.asarray(extend, np.int64), np.asarray(cached, np.int64)
-    t = int(n.sum())
-    ref = t if base is None else int(base)
-    head = [attn_work(n, c) - ref * (ref + 1) / 2, float(c.sum()), len(n) - 1.0, imbalance(n, c)]
-    if fa is None or t == len(n):
-        return np.array(head + [0.0] * len(FA2_FEATURES))
-    return np.array(head + ((fa2_load(n, c, fa) if load is None else load) - _fresh_load(ref, fa)).tolist())
+def eager_extras(extend, cached, fa: Fa2Shape | None, base: int | None = None) -> np.ndarray:
+    """What a batch has beyond the base curve's fresh prompt of ``base`` tokens (EAGER_EXTRA;
+    EagerBatch.extras)."""
+    return EagerBatch(extend, cached).extras(fa, base=base)
 
 
-@functools.lru_cache(maxsize=4096)
-def _fresh_load(tokens: int, fa: Fa2Shape) -> np.ndarray:
-    """fa2_load of one fresh prompt (the base curve's), once per token count."""
-    return fa2_load([tokens], [0], fa)
-
-
-def local_features(extend, cached, fa: Fa2Shape, plan=None, load=None) -> tuple[tuple[int, bool], np.ndarray]:
+def local_features(extend, cached, fa: Fa2Shape) -> tuple[tuple[int, bool], np.ndarray]:
     """Where a mixed batch lies for the local correction: its group, the fa2 plan's query tile
     and whether every block is resident at once (shapes of another group are never near), and
     its place in it, log2 of its new tokens, decode rows (+1), cached tokens (+1) and the
-    prefill kernel's busiest-SM load (+1, fa2_load). plan, load: fa2_plan's and fa2_load's,
-    when the caller has them."""
-    n, c = np.asarray(extend, np.int64), np.asarray(cached, np.int64)
-    plan = plan or fa2_plan(n, c, fa)
-    load = float((fa2_load(n, c, fa, plan) if load is None else load).sum())
-    tile, _, items = plan
-    return (tile, items * fa.kv_heads <= 2 * fa.num_sms), np.array(
-        [math.log2(int(n.sum())), math.log2(1 + int((n == 1).sum())), math.log2(1 + int(c.sum())), math.log2(1 + load)])
+    prefill kernel's busiest-SM load (+1, fa2_load) (EagerBatch.local_place)."""
+    b = EagerBatch(extend, cached)
+    plan = b.fa2_plan(fa)
+    g, x = b.local_place(fa, plan, b.fa2_load(fa, plan))
+    return g, np.array(x)
 
 
 class LocalCorrection:
@@ -361,12 +260,16 @@ class LocalCorrection:
     def residuals(self) -> np.ndarray:
         return np.concatenate([r for _, r in self.groups.values()])
 
-    def factor(self, extend, cached, plan=None, load=None) -> float:
-        g, x = local_features(extend, cached, self.fa, plan, load)
-        if g not in self.groups:
+    def factor(self, extend, cached) -> float:
+        """The correction of a batch (local_features)."""
+        return self.factor_at(*local_features(extend, cached, self.fa))
+
+    def factor_at(self, group: tuple[int, bool], place) -> float:
+        """The correction at a place of a group (local_features')."""
+        if group not in self.groups:
             return 1.0
-        places, res = self.groups[g]
-        d = np.sqrt(((places - x) ** 2).sum(axis=1))
+        places, res = self.groups[group]
+        d = np.sqrt(((places - np.asarray(place)) ** 2).sum(axis=1))
         near = np.argpartition(d, self.k)[: self.k] if len(d) > self.k else np.arange(len(d))
         if d[near].min() > self.radius:
             return 1.0
