@@ -81,18 +81,20 @@ class DecodeManager:
         ended = []
         if not plan.watch:
             return ended
-        rank = np.cumsum(plan.samples) - 1  # each sampling item's token among `toks`
+        rank = None  # each sampling item's token among `toks`: only an EOS check needs it
         for i in plan.watch:
             if not plan.samples[i]:  # a prefill chunk short of the prompt's end
                 continue
             r = reqs[i]
             if r.first_token is None:
                 r.first_token = now
-            if len(r.output_ids) >= r.max_new_tokens:
-                self.finish(r, "length", now)
-                ended.append(r)
-            elif not r.ignore_eos and toks[rank[i]] in r.eos_token_ids:
-                self.finish(r, "eos", now)
+            reason = "length" if len(r.output_ids) >= r.max_new_tokens else None
+            if reason is None and not r.ignore_eos:
+                if rank is None:
+                    rank = np.cumsum(plan.samples) - 1
+                reason = "eos" if toks[rank[i]] in r.eos_token_ids else None
+            if reason:
+                self.finish(r, reason, now)
                 ended.append(r)
             elif plan.num_tokens[i] > 1 or plan.cached_lens[i] < r.prompt_len:  # it finished a prefill
                 self.kv.share_prefill(r)
