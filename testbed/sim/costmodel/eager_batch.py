@@ -125,10 +125,10 @@ class EagerBatch:
         tokens read beyond the new ones, requests beyond one, imbalance, and the prefill kernel's
         busiest-SM load per query tile (a decode-only batch runs the decode kernel: none; fa None:
         the profile has no fa2 shape; plan, load: fa2_plan's and fa2_load's, when the caller has
-        them). The base prompt
-        is the padded one because the curve was measured at piecewise-graph sizes: the padding
-        rows run the linear layers, not attention, so a 5,170-token prompt in the 5,632 graph
-        attends over less than the curve's prompt did (its attention terms come out negative)."""
+        them). The base prompt is the padded one because the curve was measured at piecewise-graph
+        sizes: the padding rows run the linear layers, not attention, so a 5,170-token prompt in
+        the 5,632 graph attends over less than the curve's prompt did (its attention terms come
+        out negative)."""
         ref = self.tokens if base is None else int(base)
         head = [self.attn_work() - ref * (ref + 1) / 2, float(self.cached), self.rows - 1.0, self.imbalance()]
         if fa is None or self.tokens == self.rows:
