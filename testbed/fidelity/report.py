@@ -50,8 +50,9 @@ def evaluate(out: Path, cells) -> dict:
         if sim is None:
             res[cell.name] = {"missing": "no engine run"}
             continue
-        eng = [json.loads((p / "summary.json").read_text()) for p in engine_runs(out, cell)]
-        incomplete = [p.name for p, e in zip(engine_runs(out, cell), eng) if not e.get("complete")]
+        runs = engine_runs(out, cell)
+        eng = [json.loads((p / "summary.json").read_text()) for p in runs]
+        incomplete = [p.name for p, e in zip(runs, eng) if not e.get("complete")]
         res[cell.name] = {"cell": cell.__dict__, "errors": cell_errors([e["metrics"] for e in eng], sim["metrics"]),
                           "engine_incomplete": incomplete}
     return res
