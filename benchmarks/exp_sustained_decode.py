@@ -9,7 +9,8 @@ low power) between steps. A serving run keeps it busy. If a large step draws eno
 the SM clock down within milliseconds, it runs slower back to back than alone.
 
 For each batch size (one context for every row, 20% of it interleaved as the profiler lays decode
-rows out) and round, in turn:
+rows out), and the same decode rows beside a fresh prompt chunk of `--mixed-chunk` tokens (an eager
+step, as decode_first serves a new prompt beside 100+ decodes; 0: none), and round, in turn:
 - `alone`: time_host_batch, as the profiler times a shape (median of `--repeats`);
 - `sustained`: `--steps` steps launched as the serving loop launches them (the next step
   enqueued before the previous one is collected, so the device never waits), median of the last
@@ -20,7 +21,7 @@ GPU only (`--set engine.device=cpu ...` runs it on the CPU reference engine, for
 clock sampling).
 
     python benchmarks/exp_sustained_decode.py --model qwen3_0_6b --out FILE [--batches 8,32,...]
-        [--context 700] [--steps 300] [--rounds 2] [--set KEY=VALUE ...]
+        [--context 700] [--mixed-chunk 256] [--steps 300] [--rounds 2] [--set KEY=VALUE ...]
 """
 from __future__ import annotations
 
@@ -92,6 +93,7 @@ def main() -> None:
     ap.add_argument("--model", default="qwen3_0_6b")
     ap.add_argument("--batches", default="8,32,64,96,128,160,192,256")
     ap.add_argument("--context", type=int, default=700)
+    ap.add_argument("--mixed-chunk", type=int, default=256)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=9)
@@ -105,40 +107,48 @@ def main() -> None:
 
     spec, s, parts, ex, cps = probe_engine(a.model, a.set)
     batches = [int(x) for x in a.batches.split(",")]
-    hbs = {b: synthetic_host_batch(np.ones(b, np.int64), np.full(b, a.context - 1, np.int64), parts.slots,
-                                   s.page_size, spec.vocab_size, interleave=DECODE_INTERLEAVE, pending=True)
-           for b in batches}
+    shapes = {}  # (kind, decode rows) -> the step's batch
+    for b in batches:
+        dec_e, dec_c = np.ones(b, np.int64), np.full(b, a.context - 1, np.int64)
+        for kind, e, c in (("decode", dec_e, dec_c),
+                           ("mixed", np.append(a.mixed_chunk, dec_e), np.append(0, dec_c))):
+            if kind == "mixed" and a.mixed_chunk <= 0:
+                continue
+            shapes[kind, b] = synthetic_host_batch(e, c, parts.slots, s.page_size, spec.vocab_size,
+                                                   interleave=DECODE_INTERLEAVE, pending=True)
     clocks = ClockLog()
-    phases = []  # (batch, round, phase, t0, t1, figures)
+    phases = []  # (kind, batch, round, phase, t0, t1, figures)
     try:
         for r in range(a.rounds):
-            for b in batches:
+            for (kind, b), hb in shapes.items():
                 t0 = time.time()
-                alone = time_host_batch(ex, hbs[b], a.repeats, cps)["device_s"]
+                alone = time_host_batch(ex, hb, a.repeats, cps)["device_s"]
                 t1 = time.time()
-                d = sustained(ex, hbs[b], a.steps)
+                d = sustained(ex, hb, a.steps)
                 t2 = time.time()
-                after = time_host_batch(ex, hbs[b], a.repeats, cps)["device_s"]
+                after = time_host_batch(ex, hb, a.repeats, cps)["device_s"]
                 t3 = time.time()
                 steady = float(np.median(d[len(d) // 3:]))
-                phases += [(b, r, "alone", t0, t1, {"device_s": alone}),
-                           (b, r, "sustained", t1, t2, {"device_s": steady, "first10_s": float(np.median(d[:10])),
-                                                        "steps": len(d)}),
-                           (b, r, "alone_after", t2, t3, {"device_s": after})]
-                print(f"batch {b:4d} round {r}: alone {alone * 1e3:.3f} ms, sustained {steady * 1e3:.3f} ms "
+                phases += [(kind, b, r, "alone", t0, t1, {"device_s": alone}),
+                           (kind, b, r, "sustained", t1, t2, {"device_s": steady, "first10_s": float(np.median(d[:10])),
+                                                              "steps": len(d)}),
+                           (kind, b, r, "alone_after", t2, t3, {"device_s": after})]
+                print(f"{kind} {b:4d} rows round {r}: alone {alone * 1e3:.3f} ms, sustained {steady * 1e3:.3f} ms "
                       f"({steady / alone:.3f}x; first ten {np.median(d[:10]) * 1e3:.3f}), after {after * 1e3:.3f}",
                       flush=True)
     finally:
         samples = clocks.stop()
-        rows = [{"batch": b, "round": r, "phase": p, **fig, **during(samples, t0, t1)}
-                for b, r, p, t0, t1, fig in phases]
-        Path(a.out).write_text(json.dumps({"model": a.model, "context": a.context, "steps": a.steps,
-                                           "interleave": DECODE_INTERLEAVE, "rows": rows}, indent=1))
-    for b in batches:
-        sel = {p: [x for x in rows if x["batch"] == b and x["phase"] == p] for p in ("alone", "sustained")}
+        rows = [{"shape": k, "batch": b, "round": r, "phase": p, **fig, **during(samples, t0, t1)}
+                for k, b, r, p, t0, t1, fig in phases]
+        Path(a.out).write_text(json.dumps({"model": a.model, "context": a.context, "mixed_chunk": a.mixed_chunk,
+                                           "steps": a.steps, "interleave": DECODE_INTERLEAVE, "rows": rows}, indent=1))
+    for kind, b in shapes:
+        sel = {p: [x for x in rows if (x["shape"], x["batch"], x["phase"]) == (kind, b, p)]
+               for p in ("alone", "sustained")}
         ratio = np.median([y["device_s"] for y in sel["sustained"]]) / np.median([y["device_s"] for y in sel["alone"]])
-        clk = {p: np.median([y.get("sm_mhz", np.nan) for y in v]) for p, v in sel.items()}
-        print(f"batch {b:4d}: sustained / alone {ratio:.3f}; SM clock {clk['alone']:.0f} -> {clk['sustained']:.0f} MHz")
+        clk = {p: np.median([y["sm_mhz"] for y in v if "sm_mhz" in y] or [np.nan]) for p, v in sel.items()}
+        print(f"{kind} {b:4d} rows: sustained / alone {ratio:.3f}; SM clock {clk['alone']:.0f} -> "
+              f"{clk['sustained']:.0f} MHz")
 
 
 if __name__ == "__main__":
