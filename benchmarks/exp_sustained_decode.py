@@ -10,7 +10,8 @@ the SM clock down within milliseconds, it runs slower back to back than alone.
 
 For each batch size (one context for every row, 20% of it interleaved as the profiler lays decode
 rows out), and the same decode rows beside a fresh prompt chunk of `--mixed-chunk` tokens (an eager
-step, as decode_first serves a new prompt beside 100+ decodes; 0: none), and round, in turn:
+step, as decode_first serves a new prompt beside 100+ decodes; at most max_running - 1 decode rows,
+the prompt takes a row; 0: none), and round, in turn:
 - `alone`: time_host_batch, as the profiler times a shape (median of `--repeats`);
 - `sustained`: `--steps` steps launched as the serving loop launches them (the next step
   enqueued before the previous one is collected, so the device never waits), median of the last
@@ -110,8 +111,9 @@ def main() -> None:
     shapes = {}  # (kind, decode rows) -> the step's batch
     for b in batches:
         dec_e, dec_c = np.ones(b, np.int64), np.full(b, a.context - 1, np.int64)
+        m = min(b, s.max_running - 1)  # a mixed step's decode rows: the prompt takes a row too
         for kind, e, c in (("decode", dec_e, dec_c),
-                           ("mixed", np.append(a.mixed_chunk, dec_e), np.append(0, dec_c))):
+                           ("mixed", np.append(a.mixed_chunk, dec_e[:m]), np.append(0, dec_c[:m]))):
             if kind == "mixed" and a.mixed_chunk <= 0:
                 continue
             shapes[kind, b] = synthetic_host_batch(e, c, parts.slots, s.page_size, spec.vocab_size,
@@ -129,10 +131,11 @@ def main() -> None:
                 after = time_host_batch(ex, hb, a.repeats, cps)["device_s"]
                 t3 = time.time()
                 steady = float(np.median(d[len(d) // 3:]))
-                phases += [(kind, b, r, "alone", t0, t1, {"device_s": alone}),
-                           (kind, b, r, "sustained", t1, t2, {"device_s": steady, "first10_s": float(np.median(d[:10])),
+                n = {"rows": hb.fb.batch_size}
+                phases += [(kind, b, r, "alone", t0, t1, {**n, "device_s": alone}),
+                           (kind, b, r, "sustained", t1, t2, {**n, "device_s": steady, "first10_s": float(np.median(d[:10])),
                                                               "steps": len(d)}),
-                           (kind, b, r, "alone_after", t2, t3, {"device_s": after})]
+                           (kind, b, r, "alone_after", t2, t3, {**n, "device_s": after})]
                 print(f"{kind} {b:4d} rows round {r}: alone {alone * 1e3:.3f} ms, sustained {steady * 1e3:.3f} ms "
                       f"({steady / alone:.3f}x; first ten {np.median(d[:10]) * 1e3:.3f}), after {after * 1e3:.3f}",
                       flush=True)

@@ -140,3 +140,17 @@ def test_a_pending_synthetic_batch_reads_its_decode_ids_from_the_last_tokens(tmp
         ex.last_token.copy_(last)
         runs.append(ex.collect(ex.launch_host(hb, greedy_sampling(3))).tokens.tolist())
     assert runs[0] == runs[1]
+
+
+def test_a_step_with_more_rows_than_the_page_table_is_refused_by_name(tmp_path):
+    """On CUDA a row past the executor's buffers is a device-side assert that kills the process
+    (exp_sustained_decode.py's 256 decode rows beside a prompt, 2026-12-07): a clear error instead."""
+    from testbed.engine.executor import EngineExecutor
+    from testbed.engine.synthetic_batch import greedy_sampling
+    model = _model("qwen3", tmp_path)
+    ex = EngineExecutor(model, torch.device("cpu"), 2)
+    hb = synthetic_host_batch([4, 1, 1], [0, 6, 9], SLOTS, 1, model.config.vocab_size, pending=True)
+    with pytest.raises(ValueError, match="3 rows exceeds the engine's 2 page-table rows"):
+        ex.launch_host(hb, greedy_sampling(3))
+    fits = synthetic_host_batch([4, 1], [0, 6], SLOTS, 1, model.config.vocab_size, pending=True)
+    assert len(ex.collect(ex.launch_host(fits, greedy_sampling(2))).tokens) == 2

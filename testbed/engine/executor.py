@@ -105,6 +105,9 @@ class EngineExecutor:
                     predicted: float | None = None, t_launch: float | None = None) -> StepHandle:
         """Run a prepared batch (what tensor-parallel workers receive from rank 0)."""
         t_launch = time.perf_counter() if t_launch is None else t_launch
+        if hb.fb.batch_size > len(self.last_token):  # on CUDA an index past the row buffers is a device assert
+            raise ValueError(f"a step of {hb.fb.batch_size} rows exceeds the engine's {len(self.last_token)} "
+                             "page-table rows (scheduler.max_running)")
         start = end = None
         if self.cuda:
             # the step's device time starts before its uploads: everything it puts on the
