@@ -367,9 +367,14 @@ def composition_error(err: Exception, overrides: list[str] = ()) -> str:
     from hydra.errors import MissingConfigException
     text = str(err)
     if isinstance(err, MissingConfigException):
-        m = re.search(r"Could not find '([^']+)/([^']+)'", text)
-        if m and err.options:
-            return f"{m.group(1)}={m.group(2)!r} is unknown; allowed: {', '.join(err.options)}"
+        m = re.search(r"Could not find '([^']+)'", text)
+        g = re.search(r"Available options in '([^']+)'", text)  # the group: a value may hold slashes
+        if m and g and err.options and m.group(1).startswith(g.group(1) + "/"):
+            group, value = g.group(1), m.group(1)[len(g.group(1)) + 1:]
+            line = f"{group}={value!r} is unknown; allowed: {', '.join(err.options)}"
+            if group == "trace" and ("/" in value or "." in value):  # a path where a trace name goes
+                line += f"; a file of yours: trace=file trace.path={value}"
+            return line
     m = re.match(r"Could not override '([^']+)'", text)
     if m:
         return not_a_setting(m.group(1), policy_of(list(overrides)))

@@ -141,6 +141,11 @@ def test_a_users_file_is_used_whole_and_the_table_says_what_was_left_out(tmp_pat
     (["model=llama3_70b"], "does not fit h200 (141 GB x mem_fraction 0.9); engine.tp=2 would fit it"),
     # what Hydra itself cannot compose: one line too
     (["policy=foo"], "policy='foo' is unknown; allowed: chunked, decode_first, prefill_first"),
+    # a file where the trace's name goes (Hydra reads the slashes as config groups)
+    (["trace=/tmp/my_trace.csv"], "trace='/tmp/my_trace.csv' is unknown; allowed: arxiv, azure_code, "
+     "azure_conv, bwb, file, mooncake_conversation, mooncake_synthetic, sharegpt, synthetic; a file of yours: "
+     "trace=file trace.path=/tmp/my_trace.csv"),
+    (["trace=mine.jsonl"], "; a file of yours: trace=file trace.path=mine.jsonl"),
     (["trace.nonexistent_key=3"], "trace.nonexistent_key is not a setting of trace; its settings: name, path,"),
     (["engine.tp=abc"], "engine.tp=abc: Value 'abc' of type 'str' could not be converted to Integer"),
     (["trace.rate=[1"], "trace.rate=[1: not an override Hydra can parse"),
