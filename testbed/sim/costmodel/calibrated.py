@@ -288,7 +288,7 @@ class CalibratedCostModel:
         if b > self.range["reqs"] or tok > self.range["tokens"] or kv > self.range["kv_tokens"]:
             return self._outside(kind, n, c, b, tok, kv)
         fa = self._fa2
-        eb = EagerBatch(n, c)  # the batch's terms in ints, once (eager_batch says why)
+        eb = EagerBatch(n, c, (tok, kv - tok))  # the batch's terms in ints, once (eager_batch says why)
         plan = eb.fa2_plan(fa) if fa is not None and tok > b else None  # the prefill kernel's
         load = eb.fa2_load(fa, plan) if plan else None
         got = self._base.get(tok)

@@ -48,7 +48,8 @@ class EagerBatch:
     __slots__ = ("_n_all", "_c_all", "n", "c", "rows", "tokens", "cached", "decodes", "dec_cached",
                  "longest")
 
-    def __init__(self, extend, cached):
+    def __init__(self, extend, cached, sums: tuple[int, int] | None = None):
+        """sums: (the new tokens, the cached ones) when the caller has them."""
         n = np.asarray(extend, np.int64)
         c = np.asarray(cached, np.int64)
         self._n_all, self._c_all = n, c  # every row, for the split plan's search
@@ -60,8 +61,7 @@ class EagerBatch:
             pre = [i for i, a in enumerate(nl) if a != 1]
             self.n, self.c = [nl[i] for i in pre], [cl[i] for i in pre]
         else:
-            self.tokens = int(n.sum())
-            self.cached = int(c.sum())
+            self.tokens, self.cached = sums if sums is not None else (int(n.sum()), int(c.sum()))
             self.longest = int((n + c).max())  # the longest context
             if self.tokens == self.rows:  # decodes only
                 self.n, self.c = [], []

@@ -269,10 +269,11 @@ class LocalCorrection:
         if group not in self.groups:
             return 1.0
         places, res = self.groups[group]
-        d = np.sqrt(((places - np.asarray(place)) ** 2).sum(axis=1))
-        near = np.argpartition(d, self.k)[: self.k] if len(d) > self.k else np.arange(len(d))
-        if d[near].min() > self.radius:
+        d2 = ((places - np.asarray(place)) ** 2).sum(axis=1)
+        if math.sqrt(d2.min()) > self.radius:  # the nearest too far (most steps): the same test, no sort
             return 1.0
+        d = np.sqrt(d2)
+        near = np.argpartition(d, self.k)[: self.k] if len(d) > self.k else np.arange(len(d))
         w = 1.0 / (d[near] + self.soften)
         return math.exp(float((w * res[near]).sum() / w.sum()))
 
