@@ -30,10 +30,16 @@ def test_synthetic_batch_lays_out_prompts_and_interleaved_decode_tails():
     kv = fb.kv_indices.numpy()
     assert len(set(kv.tolist())) == len(kv) == 5 + 5 + 10
     assert fb.kv_indptr.tolist() == [0, 5, 10, 20] and fb.positions.tolist() == [2, 3, 4, 4, 9]
-    # the prefill row is one run; decode rows: a run, then generated tokens side by side (stride 2)
+    # the prefill row is one run; decode rows: a run, then generated tokens side by side: the
+    # 5-token tail alone for its first 3 steps, then beside the 2-token one (stride 2)
     assert kv[:5].tolist() == [0, 1, 2, 3, 4]
-    assert np.diff(kv[8:10]).tolist() == [2] and np.diff(kv[15:20]).tolist() == [2] * 4
+    assert np.diff(kv[8:10]).tolist() == [2] and np.diff(kv[15:20]).tolist() == [1, 1, 1, 2]
+    assert max(kv) == 19  # no slot left between: 20 context tokens in 20 slots
     assert fb.out_cache_loc.tolist() == [2, 3, 4, kv[9], kv[19]]
+    even = synthetic_host_batch([1, 1, 1], [9, 9, 9], 100, 1, 50, interleave=0.5).fb.kv_indices.numpy()
+    assert [np.diff(even[i * 10 + 5:i * 10 + 10]).tolist() for i in range(3)] == [[3] * 4] * 3  # token j of row i: j * 3 + i
+    assert sorted(synthetic_host_batch([1] * 4, [99, 9, 0, 40], 152, 1, 50, interleave=0.8).fb.kv_indices.tolist()) \
+        == list(range(152))  # skewed tails in a pool just their size (side by side as rows x the longest: 352)
     with pytest.raises(ValueError, match="does not fit the pool of 10 slots"):
         synthetic_host_batch([8], [8], 10, 1, 50)
 

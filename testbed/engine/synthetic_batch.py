@@ -18,8 +18,11 @@ def synthetic_host_batch(extend, cached, num_slots: int, page_size: int, vocab_s
                          seed: int = 0, interleave: float = 0.0, pending: bool = False) -> HostBatch:
     """interleave: the fraction of each decode row's context (a row extending by 1 token)
     laid out as the engine's allocator lays out generated tokens: one slot per row per step,
-    the rows' slots side by side (token j of row i at tail + j * rows + i). The rest of a
-    context is one run of consecutive slots, as a prompt allocated at once. Page size 1.
+    the slots of the rows decoding in a step side by side. A row whose tail is t tokens decoded
+    in the last t of the longest tail's steps (it joined later), so a step holds the rows of the
+    longest tails, in that order; rows of equal tails: token j of row i at tail + j * rows + i.
+    The rest of a context is one run of consecutive slots, as a prompt allocated at once. Every
+    context token has a slot of its own and no slot is left between them. Page size 1.
     pending: every decode row's input id is its row's last sampled token, gathered on the
     device as a serving step's are (the step loop launches a step before the last one's
     tokens are back on the host); the ids are whatever the executor's last tokens hold."""
@@ -34,14 +37,20 @@ def synthetic_host_batch(extend, cached, num_slots: int, page_size: int, vocab_s
     # each request's head starts on a page boundary, runs placed one after another; the
     # interleaved tails after them
     run = -(-head // page_size) * page_size
-    tail_len = int(tail.max(initial=0))
-    need = int(run.sum()) + tail_len * len(dec)
+    need = int(run.sum()) + int(tail.sum())
     if need > num_slots:
         raise ValueError(f"a batch of {int(ctx.sum())} context tokens does not fit the pool of {num_slots} slots")
     start = np.concatenate([[0], np.cumsum(run)[:-1]])
     tail_base = int(run.sum())
+    # the decode rows by tail, longest first (ties in row order): step s of the L holds the rows
+    # whose tails reach back to it, a prefix of that order; a row's place in it is its column
+    order = dec[np.argsort(-tail[dec], kind="stable")]
     col = np.full(B, -1, np.int64)
-    col[dec] = np.arange(len(dec))
+    col[order] = np.arange(len(order))
+    L = int(tail.max(initial=0))
+    desc = tail[order]
+    active = np.searchsorted(-desc, -(L - np.arange(L)), side="right")  # rows with tail >= L - s
+    step_at = tail_base + np.concatenate([[0], np.cumsum(active)])  # each step's first slot
     qo = np.zeros(B + 1, np.int32)
     np.cumsum(ext, out=qo[1:])
     kv = np.zeros(B + 1, np.int32)
@@ -50,7 +59,7 @@ def synthetic_host_batch(extend, cached, num_slots: int, page_size: int, vocab_s
     for i in range(B):
         parts.append(np.arange(start[i], start[i] + head[i]))
         if tail[i]:
-            parts.append(tail_base + np.arange(tail[i]) * len(dec) + col[i])
+            parts.append(step_at[L - tail[i]:L] + col[i])
     kv_indices = np.concatenate(parts)
     T = int(qo[-1])
     positions = np.arange(T, dtype=np.int64) - np.repeat(qo[:-1].astype(np.int64) - cac, ext)
