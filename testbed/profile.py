@@ -12,6 +12,10 @@ hardware) plus the profiler's own:
   served=N        mixed batches as the policies serve them in the grid, about N
                   (testbed/fidelity/served_batches.py: the simulator's on the bundled traces; default
                   150, 0: none; none where the prefill kernel is not flashinfer's fa2)
+  served_out=PATH no measuring: compute the served batches (CPU only) into PATH and stop; on the
+                  GPU machine `served_from=PATH` then takes them instead of simulating there
+                  (~2 min of device time a profile, on a 16-core GPU host)
+  served_from=PATH the served batches from a served_out= file of the same deployment and served=N
   refit=PATH      no measuring: fit a profile's stored samples again with the current fit
                   (after a change to testbed/sim/costmodel/fit.py); writes out= or PATH
   host_from=A,B   with refit: add the host workloads of these profiles (other machine starts of
@@ -34,7 +38,7 @@ import sys
 from pathlib import Path
 
 OWN = {"out": None, "repeats": "5", "policies": None, "quick": "false", "host_requests": None, "refit": None,
-       "served": "150",
+       "served": "150", "served_out": None, "served_from": None,
        "host_from": None, "device_from": None, "graph_from": None, "local_from": None}
 
 
@@ -79,7 +83,15 @@ def main(argv=None) -> int:
         served = int(own["served"]) if own["served"].isdigit() else -1
         if served < 0:
             raise ValueError(f"served={own['served']} is invalid; allowed: an integer >= 0")
-        batches = served_batches(cfg, spec, overrides, 0 if quick else served)
+        if own["served_out"]:
+            batches = served_batches(cfg, spec, overrides, served)
+            path = write_served(Path(own["served_out"]), deployment(cfg, spec), served, batches)
+            print(f"written {path}: {len(batches)} served batches")
+            return 0
+        if own["served_from"]:
+            batches = [] if quick else read_served(Path(own["served_from"]), deployment(cfg, spec), served)
+        else:
+            batches = served_batches(cfg, spec, overrides, 0 if quick else served)
         from testbed.engine.profiler import HOST_POLICIES, run_profile  # imports torch
         policies = own["policies"].split(",") if own["policies"] else list(HOST_POLICIES)
         raw = run_profile(assemble.engine_settings(cfg, spec), spec, assemble.scheduler_per_policy(cfg, spec),
@@ -145,6 +157,41 @@ def served_batches(cfg, spec, overrides: list[str], n: int) -> list:
     batches = pick(simulated_batches(deployment), n, fa)
     logging.getLogger(__name__).info("%d served batches for the grid", len(batches))
     return batches
+
+
+def write_served(path: Path, dep: dict, n: int, batches) -> Path:
+    """served_out=: the batches with the deployment and served=N they were made for."""
+    import json
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"deployment": dep, "served": n,
+                                "batches": [[e.tolist(), c.tolist()] for e, c in batches]}) + "\n")
+    return path
+
+
+def read_served(path: Path, dep: dict, n: int) -> list:
+    """served_from=: the batches of a served_out= file, if it was made for this deployment and n."""
+    import json
+
+    import numpy as np
+    try:
+        got = json.loads(path.read_text())
+        made_for, made_n, rows = got["deployment"], got["served"], got["batches"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"served_from={path}: not a served_out= file ({type(err).__name__}: {err})") from err
+    if made_n != n:
+        raise ValueError(f"served_from={path} holds served={made_n}; this profile asks served={n}")
+    differ = _differences(made_for, json.loads(json.dumps(dep)))
+    if differ:
+        raise ValueError(f"served_from={path} was made for another deployment: {'; '.join(differ[:4])}")
+    return [(np.array(e, np.int64), np.array(c, np.int64)) for e, c in rows]
+
+
+def _differences(a, b, where: str = "") -> list[str]:
+    """The keys whose values differ between two JSON records, as 'key: file X, run Y'."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b))
+                for d in _differences(a.get(k), b.get(k), f"{where}.{k}" if where else k)]
+    return [] if a == b else [f"{where}: file {a!r}, run {b!r}"]
 
 
 def whole_step_record() -> dict:

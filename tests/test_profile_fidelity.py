@@ -361,3 +361,32 @@ def test_fidelity_plans_cells_for_another_gpu_from_its_profile(tmp_path):
     p = py("-m", "testbed.fidelity", "report", f"out={tmp_path / 'a'}", "hardware=h100", timeout=300)
     assert p.returncode != 0 and p.stderr.strip() == ("error: hardware= goes with plan (a planned cell's overrides "
                                                       "name its hardware), not report")
+
+
+def test_served_batches_round_trip_and_refuse_another_deployment(tmp_path):
+    from testbed.profile import read_served, write_served
+    dep = {"model": {"name": "m", "hidden_size": 64}, "engine": {"max_running": 4, "page_size": 1}}
+    batches = [(np.array([300, 1, 1]), np.array([0, 40, 90])), (np.array([17, 1]), np.array([5, 2000]))]
+    f = write_served(tmp_path / "served.json", dep, 150, batches)
+    got = read_served(f, dep, 150)
+    assert [(e.tolist(), c.tolist()) for e, c in got] == [(e.tolist(), c.tolist()) for e, c in batches]
+    other = {**dep, "engine": {"max_running": 8, "page_size": 1}}
+    with pytest.raises(ValueError, match=r"made for another deployment: engine.max_running: file 4, run 8$"):
+        read_served(f, other, 150)
+    with pytest.raises(ValueError, match="holds served=150; this profile asks served=20"):
+        read_served(f, dep, 20)
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ValueError, match="not a served_out= file"):
+        read_served(tmp_path / "bad.json", dep, 150)
+
+
+def test_served_out_writes_the_batches_without_a_gpu_and_served_from_checks_them(tmp_path):
+    """The served batches are the simulator's (CPU work): made here, carried to the GPU machine."""
+    f = tmp_path / "served.json"
+    p = py("-m", "testbed.profile", *SMOL_CPU, f"served_out={f}", timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert f"written {f}: 0 served batches" in p.stdout  # torch attention: no fa2 plan to group them by
+    assert json.loads(f.read_text())["deployment"]["engine"]["attention"] == "torch"
+    p = py("-m", "testbed.profile", *SMOL_CPU, "scheduler.max_running=4", f"served_from={f}", timeout=300)
+    assert p.returncode == 2 and "was made for another deployment: engine.max_running: file" in \
+        p.stderr.strip().splitlines()[-1]
