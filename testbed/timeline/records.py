@@ -20,7 +20,7 @@ def request_row(r: Request, keep_output_ids: bool) -> dict:
         "preemptions": r.num_preemptions,
         "queue_s": r.first_scheduled - r.arrival if r.first_scheduled is not None else None,
         "ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e,
-        "token_times_s": list(r.token_times),
+        "token_times_s": r.token_times,  # the ledger's array('d'), copied whole by RequestRows (a list: 80x slower)
         "output_ids": list(r.output_ids) if keep_output_ids else None,
         "error": None, "response_id": None, "tokenized_s": r.tokenized, "queued_s": r.queued_at,
     }
