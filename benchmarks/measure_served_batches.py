@@ -53,8 +53,8 @@ def time_them(a) -> None:
     samples = []
     for b in batches:
         sh = Shape(b.get("kind", "mixed"), b["extend"], b["cached"], "batch", max(b["cached"]))
-        samples.append(shape_record(sh) | time_shape(ex, sh.extend, sh.cached, parts.slots, s.page_size,
-                                                     spec.vocab_size, a.repeats, cps))
+        samples.append(shape_record(sh) | ({"label": b["label"]} if "label" in b else {})
+                       | time_shape(ex, sh.extend, sh.cached, parts.slots, s.page_size, spec.vocab_size, a.repeats, cps))
     out = {"model": prof["model"], "hardware": prof["hardware"], "engine": prof["engine"],
            "machine": machine_info(parts.device), "samples": {"device": samples}}
     a.out.write_text(json.dumps(out, indent=1) + "\n")

@@ -133,7 +133,7 @@ def test_served_batches_are_timed_on_the_engine_into_a_file_refit_takes(tmp_path
     prof.write_text(json.dumps({"model": {"name": "smollm2_135m"}, "hardware": {"name": "h200"},
                                 "engine": {"graph_sizes": []}}))
     batches = [{"kind": "mixed", "extend": [1, 1, 30], "cached": [40, 57, 0]},
-               {"kind": "decode", "extend": [1, 1], "cached": [20, 31]}]
+               {"kind": "decode", "extend": [1, 1], "cached": [20, 31], "label": "two rows"}]
     (tmp_path / "b.json").write_text(json.dumps({"batches": batches}))
     out = tmp_path / "timed.json"
     p = subprocess.run([sys.executable, "benchmarks/measure_served_batches.py", "time", "--profile", str(prof),
@@ -148,3 +148,4 @@ def test_served_batches_are_timed_on_the_engine_into_a_file_refit_takes(tmp_path
     assert [(d["kind"], d["pattern"], d["extend_lens"], d["cached_lens"]) for d in samples] == [
         (b["kind"], "batch", b["extend"], b["cached"]) for b in batches]
     assert all(d["device_s"] > 0 and d["prep_s"] > 0 for d in samples)
+    assert [d.get("label") for d in samples] == [None, "two rows"]  # an experiment's names kept
