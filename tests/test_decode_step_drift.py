@@ -38,3 +38,11 @@ def test_decoded_tokens_counts_each_decode_rows_own_tokens():
                          "token_times_s": [[1.0, 2.0, 3.0], [2.0, 3.0, 4.0], [1.0, 2.0]]})
     # request 0: tokens 2, 3 at steps 1, 2 (1 and 2 own tokens); request 1: steps 2, 3; the aborted one: none
     assert decoded_tokens(reqs, steps).tolist() == [0, 1, 3, 2]
+
+
+def test_large_graphs_bin_by_their_longest_row_over_the_mean():
+    df = pd.DataFrame({"rows": [100, 150, 150, 170, 8], "longest_over_mean": [2.5, 1.5, 3.5, 3.2, 1.0],
+                       "ratio": [1.0, 1.01, 0.96, 0.95, 1.0]})
+    got = drift.bins(df, "longest_over_mean", drift.LONGEST, drift.ROWS_LONGEST)
+    assert [(r["rows"], r["longest_over_mean"], r["steps"], r["median_ratio"]) for r in got] == [
+        ("65-144", "2-3", 1, 1.0), ("145-160", "0-2", 1, 1.01), ("145-160", "3-4", 1, 0.96), ("161-176", "3-4", 1, 0.95)]
