@@ -25,6 +25,9 @@ hardware) plus the profiler's own:
   local_from=A,B  with refit: these profiles' mixed shapes join the profile's own (kept in its
                   samples.local) as the measured shapes whose residuals correct the mixed steps
                   near them (fit.LocalCorrection); the eager fit itself stays on the own grid
+  graph_samples_from=A,B  with refit: these files' CUDA-graph decode samples join the grid's in
+                  the graph fit at the sizes that run them: served steps of engine runs on other
+                  machine starts (benchmarks/runs_as_samples.py), measured as served
   graph_from=A,B  with refit: the CUDA-graph decode shapes from these profiles' grids instead
                   (one grid as measured; several pooled as device_from pools), the other shapes
                   as above: a decode-graph grid re-measured with a profiler change, the rest kept
@@ -39,7 +42,7 @@ from pathlib import Path
 
 OWN = {"out": None, "repeats": "5", "policies": None, "quick": "false", "host_requests": None, "refit": None,
        "served": "150", "served_out": None, "served_from": None,
-       "host_from": None, "device_from": None, "graph_from": None, "local_from": None}
+       "host_from": None, "device_from": None, "graph_from": None, "local_from": None, "graph_samples_from": None}
 
 
 def parse(argv: list[str]) -> tuple[dict, list[str]]:
@@ -63,9 +66,11 @@ def main(argv=None) -> int:
         dev = [Path(p) for p in own["device_from"].split(",")] if own["device_from"] else []
         graph = [Path(p) for p in own["graph_from"].split(",")] if own["graph_from"] else []
         local = [Path(p) for p in own["local_from"].split(",")] if own["local_from"] else []
-        return refit(Path(own["refit"]), Path(own["out"]) if own["out"] else None, extra, dev, graph, local)
-    if own["host_from"] or own["device_from"] or own["graph_from"] or own["local_from"]:
-        print("error: host_from=, device_from=, graph_from= and local_from= go with refit=PATH", file=sys.stderr)
+        served = [Path(p) for p in own["graph_samples_from"].split(",")] if own["graph_samples_from"] else []
+        return refit(Path(own["refit"]), Path(own["out"]) if own["out"] else None, extra, dev, graph, local, served)
+    if own["host_from"] or own["device_from"] or own["graph_from"] or own["local_from"] or own["graph_samples_from"]:
+        print("error: host_from=, device_from=, graph_from=, local_from= and graph_samples_from= go with refit=PATH",
+              file=sys.stderr)
         return 2
     try:
         from testbed import assemble
@@ -130,17 +135,18 @@ def deployment(cfg, spec) -> dict:
     }
 
 
-def local_source(p: Path) -> dict:
-    """A local_from file: a profile, or benchmarks/measure_served_batches.py's served batches
-    (their model, engine and machine records and device samples, no fits)."""
+def local_source(p: Path, what: str = "local_from") -> dict:
+    """A local_from (or graph_samples_from) file: a profile, or benchmarks/measure_served_batches.py's
+    served batches, or benchmarks/runs_as_samples.py's served steps (their model, engine and
+    machine records and device samples, no fits)."""
     import json
     try:
         other = json.loads(p.read_text())
     except (OSError, json.JSONDecodeError) as err:
-        raise ValueError(f"local_from={p}: cannot be read as JSON ({err})") from err
+        raise ValueError(f"{what}={p}: cannot be read as JSON ({err})") from err
     missing = [k for k in ("model", "engine", "machine", "samples") if k not in other]
     if missing or "device" not in other.get("samples", {}):
-        raise ValueError(f"local_from={p}: not a profile or served batches' file (missing "
+        raise ValueError(f"{what}={p}: not a profile or served batches' file (missing "
                          f"{', '.join(missing) or 'samples.device'})")
     return other
 
@@ -221,12 +227,14 @@ def recorded_limits_and_policy(prof: dict) -> list[str]:
 
 
 def refit(path: Path, out: Path | None, host_from: list[Path] = (), device_from: list[Path] = (),
-          graph_from: list[Path] = (), local_from: list[Path] = ()) -> int:
+          graph_from: list[Path] = (), local_from: list[Path] = (), graph_samples_from: list[Path] = ()) -> int:
     """Fit a stored profile's samples again, with the deployment it records; host_from: more
     profiles of the same deployment whose host workloads join the host fit; device_from: more
     whose device grids are pooled with this one's; graph_from: profiles whose CUDA-graph decode
     shapes replace the grid's (several: pooled among them); local_from: profiles whose mixed
-    shapes join the local correction's (with those the profile kept from an earlier refit)."""
+    shapes join the local correction's (with those the profile kept from an earlier refit);
+    graph_samples_from: files whose decode-graph samples join the graph fit (with those an earlier
+    refit added)."""
     from testbed import assemble
     from testbed.config import compose
     from testbed.sim.costmodel.calibrated import load_profile, write_profile
@@ -266,10 +274,23 @@ def refit(path: Path, out: Path | None, host_from: list[Path] = (), device_from:
                 pool_device_samples([g["samples"]["device"] for g in graph_grids])
             device = [d for d in device if not in_graph(d)] + [d for d in theirs if in_graph(d)]
             grids = graph_grids + grids  # the decode plan: the graph grid's first
+        # served graph steps an earlier refit added stay, unless graph_from replaced every graph sample
+        served_machines = [] if graph_grids else list(old.get("graph_sample_machines", []))
+        for p in graph_samples_from:  # a file's steps once, however often it is named (or an earlier refit took it)
+            if p.stem not in {d.get("start") for d in device}:
+                other = local_source(p, "graph_samples_from")
+                if other["model"] != old["model"] or other["engine"]["graph_sizes"] != e["graph_sizes"]:
+                    raise ValueError(f"graph_samples_from={p}: another model or engine settings than {path}")
+                got = [d | {"start": p.stem} for d in other["samples"]["device"]
+                       if d["kind"] == "decode" and d["reqs"] <= max(e["graph_sizes"] or [0])]
+                if not got:
+                    raise ValueError(f"graph_samples_from={p}: no CUDA-graph decode samples")
+                device = device + got
+                served_machines.append(other["machine"])
         local, local_machines = list(old["samples"].get("local", [])), list(old.get("local_machines", []))
         for p in local_from:  # a profile's shapes once, however often it is named
             if p.stem not in {d.get("start") for d in local}:
-                other = local_source(p)
+                other = local_source(p, "local_from")
                 if other["model"] != old["model"] or other["engine"]["graph_sizes"] != e["graph_sizes"]:
                     raise ValueError(f"local_from={p}: another model or engine settings than {path}")
                 local += [d | {"start": p.stem} for d in other["samples"]["device"] if d["kind"] == "mixed"]
@@ -296,6 +317,8 @@ def refit(path: Path, out: Path | None, host_from: list[Path] = (), device_from:
             prof["device_machines"] = old["device_machines"]
         if local_machines:
             prof["local_machines"] = local_machines  # the starts whose mixed shapes samples.local holds
+        if served_machines:
+            prof["graph_sample_machines"] = served_machines  # the starts whose served decode steps the graph fit holds
         if graph_grids:
             prof["graph_machines"] = [g["machine"] for g in graph_grids]  # the decode-graph shapes' starts
         elif "graph_machines" in old:

@@ -216,11 +216,14 @@ PROFILE_PATH = REPO / "testbed/sim/costmodel/profiles" / f"{PROFILE}.json"
 
 def test_refit_takes_the_decode_graph_shapes_from_graph_from(tmp_path):
     """The committed Qwen3-0.6B profile is its own grid with the CUDA-graph decode shapes of a
-    re-measured one: refit with graph_from= makes it again, and only its graph part moves."""
+    re-measured one and served graph steps of another start: refit with graph_from= and
+    graph_samples_from= makes it again, and only its graph part moves."""
     other = REPO / "benchmarks/results/decode/h200_qwen3_0_6b_pending_ids.json"
+    served = REPO / "benchmarks/results/fidelity/missing_cells_start6/served_graphs.json"
     out = tmp_path / "g.json"
     p = subprocess.run([sys.executable, "-m", "testbed.profile", f"refit={PROFILE_PATH}", f"graph_from={other}",
-                        f"out={out}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+                        f"graph_samples_from={served}", f"out={out}"], cwd=REPO, capture_output=True, text=True,
+                       timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     new, old, g = json.loads(out.read_text()), load_profile(PROFILE), json.loads(other.read_text())
     assert _close(new["device"], old["device"]) and _close(new["host"], old["host"])
@@ -228,8 +231,11 @@ def test_refit_takes_the_decode_graph_shapes_from_graph_from(tmp_path):
     keys = ("kind", "pattern", "reqs", "extend", "cached", "device_s")
     graph = lambda samples: sorted(json.dumps([d.get(k) for k in keys]) for d in samples  # noqa: E731
                                    if d["kind"] == "decode" and d["reqs"] <= top)
-    assert graph(new["samples"]["device"]) == graph(g["samples"]["device"])
+    steps = json.loads(served.read_text())
+    as_fitted = [d | {"device_s": round(d["device_s"], 7)} for d in steps["samples"]["device"]]  # fit.round_samples
+    assert graph(new["samples"]["device"]) == sorted(graph(g["samples"]["device"]) + graph(as_fitted))
     assert [m["date"] for m in new["graph_machines"]] == [g["machine"]["date"]]
+    assert [m["date"] for m in new["graph_sample_machines"]] == [steps["machine"]["date"]]
     p = subprocess.run([sys.executable, "-m", "testbed.profile", f"graph_from={other}"],
                        cwd=REPO, capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and "go with refit=PATH" in p.stderr

@@ -106,6 +106,8 @@ def markdown(res: dict, out: Path, profile_info: dict, device: dict) -> str:
                   f"{v['device_apart'][1]:.1%})" if v["device_apart"] else "")
                + (f"; its CUDA-graph decode shapes from the machine starts of {', '.join(v['graph_starts'])}"
                   if v["graph_starts"] else "")
+               + (f"; its decode graphs also fitted on the served steps of the machine starts of "
+                  f"{', '.join(v['graph_sample_starts'])}" if v["graph_sample_starts"] else "")
                + (f"; its mixed steps corrected near the mixed shapes of its grid and of the machine starts of "
                   f"{', '.join(v['local_starts'])}" if v["local_starts"] else "")
                + f"; host fitted on the machine starts of {', '.join(v['host_starts'])}"
@@ -313,6 +315,7 @@ def profile_info(out: Path, cells) -> dict:
                        "device_starts": [h.get("date") for h in p.get("device_machines", [m])],
                        "graph_starts": [h.get("date") for h in p.get("graph_machines", [])],
                        "local_starts": [h.get("date") for h in p.get("local_machines", [])],
+                       "graph_sample_starts": [h.get("date") for h in p.get("graph_sample_machines", [])],
                        "device_apart": (float(np.median(apart)), float(np.percentile(apart, 90))) if apart else None,
                        "profile": name, "measured": m.get("date"), "gpu": m.get("gpu"),
                        "driver": m.get("driver"), "cpu": m.get("cpu"), "host": m.get("host")}
