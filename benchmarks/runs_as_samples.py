@@ -65,8 +65,8 @@ def served_steps(d: Path, model: str, min_rows: int) -> tuple[list[dict], list[d
 def thin(graphs: list[dict], per_size: int) -> list[dict]:
     """Per graph size at most per_size steps: strata of the longest row over the mean (under 2,
     2-3, 3-4, beyond), each given its share of per_size, split further by KV tokens; from each
-    cell the step whose device time per KV token is its median (measured figures only: the file
-    does not depend on the profile that reads the runs)."""
+    cell the step whose device time per KV token is its median (measured figures only: the choice
+    does not move when the graph fit of the profile that reads the runs does)."""
     out = []
     for size in sorted({g["_size"] for g in graphs}):
         at = [g for g in graphs if g["_size"] == size]
