@@ -101,7 +101,8 @@ def test_max_concurrency_keeps_the_wait_out_of_ttft(fake, tmp_path):
 def test_a_signal_mid_run_writes_what_came(fake, tmp_path, sig, code, error):
     t = trace(tmp_path, [(5, 3, 0.0), (2, 5, 1.0), (5, 3, 60.0)])  # one finishes, then one hangs, one is far off
     proc = subprocess.Popen(replay_args(fake, t, tmp_path / "out"), cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # Ctrl-C as from a terminal
     try:
         wait_for(lambda: (s := httpx.get(fake + "/stats").json())["hanging"] == 1 and s["completed"] == 1, 60,
                  "the first request's end and the hanging one's first chunk")
