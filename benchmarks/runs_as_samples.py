@@ -36,18 +36,16 @@ def served_steps(d: Path, model: str, min_rows: int) -> tuple[list[dict], list[d
     """(mixed samples, decode-graph samples with their graph size and longest row over the mean,
     machine records) of a run set."""
     from testbed.engine.profiler import Shape, shape_record
-    from testbed.fidelity.batches import is_mixed
+    from testbed.fidelity.batches import is_mixed, woken
     from testbed.fidelity.report import priced_runs
-    from testbed.timeline.idle import idle_before
     mixed, graphs, machines = [], [], []
     for m in sorted(d.glob("runs/**/machine.json")):
         machines.append(json.loads(m.read_text()))
     for cost, steps, batches, _ in priced_runs(d, model):
-        gap = cost.wake[0] if cost.wake else np.inf
-        idle = idle_before(steps["start_s"], steps["end_s"], steps["complete_s"])
+        woken_at = woken(steps, cost)
         dur = steps["duration_s"].to_numpy()
         for i, b in enumerate(batches):
-            if b is None or not len(b[0]) or idle[i] > gap:
+            if b is None or not len(b[0]) or woken_at[i]:
                 continue
             e, c = (x.astype(int).tolist() for x in b)
             if is_mixed(b[0]):

@@ -100,13 +100,20 @@ def decoded_tokens(requests: pd.DataFrame, steps: pd.DataFrame) -> np.ndarray:
     return out
 
 
+def woken(steps: pd.DataFrame, cost) -> np.ndarray:
+    """Per step: launched after the host sat idle longer than the cost model's wake gap (its
+    device time holds the wake)."""
+    gap = cost.wake[0] if cost.wake else np.inf
+    return idle_before(steps["start_s"], steps["end_s"], steps["complete_s"]) > gap
+
+
 def step_device_errors(requests: pd.DataFrame, steps: pd.DataFrame, cost) -> pd.DataFrame:
     """A row per rebuilt step: kind (decode_graph, decode_eager, prefill, mixed), requests,
     measured device seconds (duration_s), the device time the simulator would charge it (the
     cost model's device_time, plus the wake's device seconds for a step launched after the
     host sat idle longer than the wake's gap) and whether it was so woken."""
-    gap, extra = (cost.wake[0], cost.wake[3]) if cost.wake else (np.inf, 0.0)
-    idle = idle_before(steps["start_s"], steps["end_s"], steps["complete_s"])
+    extra = cost.wake[3] if cost.wake else 0.0
+    woken_at = woken(steps, cost)
     rows = []
     for i, b in enumerate(step_batches(requests, steps)):
         if b is None or not len(b[0]):
@@ -114,9 +121,8 @@ def step_device_errors(requests: pd.DataFrame, steps: pd.DataFrame, cost) -> pd.
         e, c = b
         kind = "mixed" if is_mixed(e) else "prefill" if not (e == 1).any() else (
             "decode_graph" if cost.is_graph(e) else "decode_eager")
-        woken = bool(idle[i] > gap)
         rows.append((kind, len(e), float(steps["duration_s"].iat[i]),
-                     float(cost.device_time(e, c)) + (extra if woken else 0.0), woken))
+                     float(cost.device_time(e, c)) + (extra if woken_at[i] else 0.0), bool(woken_at[i])))
     return pd.DataFrame(rows, columns=["kind", "reqs", "measured_s", "predicted_s", "woken"])
 
 
