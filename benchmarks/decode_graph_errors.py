@@ -19,7 +19,6 @@ def main() -> int:
     import pandas as pd
 
     from testbed import assemble
-    from testbed.config import compose
     from testbed.fidelity.batches import step_batches
     from testbed.fidelity.cells import read_plan
     from testbed.fidelity.report import engine_runs
@@ -41,11 +40,9 @@ def main() -> int:
                         and len(b[0])]
     result = {}
     for path in a.profiles:
-        cfg = compose([f"model={a.model}", "hardware=h200", "costmodel=calibrated", f"costmodel.profile={path.resolve()}",
-                       "model.weights=dummy"])
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            cost = assemble.cost_model(cfg, assemble.model_spec(cfg))[0]
+            cost = assemble.profile_cost_model(path, a.model, "h200")
             rows = []
             for e, c, meas in batches:
                 graph = bool((e == 1).all()) and cost.is_graph(e)

@@ -62,12 +62,9 @@ def make(out: Path) -> None:
 
 def report(timed: Path, profile: Path) -> None:
     """Each timed batch priced by the profile: predicted / measured, by label."""
-    from testbed import assemble
-    from testbed.config import compose
+    from testbed.assemble import profile_cost_model
     got = json.loads(timed.read_text())
-    cfg = compose([f"model={got['model']['name']}", f"hardware={got['hardware']['name']}", "model.weights=dummy",
-                   "costmodel=calibrated", f"costmodel.profile={profile}"])
-    cost = assemble.cost_model(cfg, assemble.model_spec(cfg))[0]
+    cost = profile_cost_model(profile, got["model"]["name"], got["hardware"]["name"])
     rows = []
     for s in got["samples"]["device"]:
         n, c = np.asarray(s["extend_lens"]), np.asarray(s["cached_lens"])

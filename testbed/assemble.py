@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -208,6 +209,15 @@ def cost_model(cfg, spec: ModelSpec):
     if name in ("auto", "calibrated"):
         cm_cfg["policy"] = cfg.policy.name  # the profile's host fit of this policy
     return make_cost_model(name, spec, hw, cm_cfg), hw
+
+
+def profile_cost_model(profile, model: str, hardware: str, overrides=()):
+    """The calibrated cost model of one profile file for a model on a GPU (dummy weights): what
+    the scripts that price measured batches by a profile read."""
+    from testbed.config import compose
+    cfg = compose([f"model={model}", f"hardware={hardware}", "model.weights=dummy", "costmodel=calibrated",
+                   f"costmodel.profile={Path(profile).resolve()}", *overrides])
+    return cost_model(cfg, model_spec(cfg))[0]
 
 
 def sim_kv_pages(cfg, spec: ModelSpec, hardware) -> int:
