@@ -92,6 +92,18 @@ def test_profiler_grid_keeps_within_limits():
     assert {16, 32, 48, 400, 2048} <= fresh and 4096 not in fresh
 
 
+def test_every_grid_shape_fits_the_pool_it_is_built_for():
+    """Each shape's context fits max_kv, the padded graphs' fewest-row shapes too: an H100's
+    Llama-3.1-8B pool (413,282 slots) once got 209 rows of 2,048 tokens for the 224-row graph,
+    and the profiler stopped on it."""
+    from testbed.engine.cuda_graphs import graph_sizes
+    from testbed.engine.profiler import device_grid
+    for max_kv in (413_282, 100_000, 20_000):
+        grid = device_grid(8192, 256, graph_sizes(256), max_kv=max_kv)
+        assert grid and all(sum(sh.extend) + sum(sh.cached) <= max_kv for sh in grid)
+    assert any(len(sh.extend) == 209 for sh in device_grid(8192, 256, graph_sizes(256), max_kv=1 << 20))
+
+
 def test_the_profilers_schedulers_per_policy_fit_the_deployment():
     """Each host workload's policy: the run's as given, the others with its common knobs and their
     own at their defaults, cut to what a step of the deployment holds."""

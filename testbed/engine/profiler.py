@@ -125,7 +125,8 @@ def device_grid(max_tokens: int, max_running: int, graph_sizes: list[int], max_k
                 shapes.append(Shape("decode", [1] * b, (spread_lengths(L, b) - 1).tolist(), "spread", L - 1))
             if b in graph_sizes and graph_sizes.index(b) > 0 and not quick and L in PADDED_KV:
                 least = graph_sizes[graph_sizes.index(b) - 1] + 1  # the fewest rows this graph runs: most padding
-                shapes.append(Shape("decode", [1] * least, [L - 1] * least, "uniform", L - 1))
+                if least * L <= max_kv:
+                    shapes.append(Shape("decode", [1] * least, [L - 1] * least, "uniform", L - 1))
         for L in () if quick else SKEWED_KV:
             lengths = skewed_lengths(L, b)
             if b > 1 and b * int(lengths.max()) <= max_kv:
