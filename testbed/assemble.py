@@ -211,12 +211,12 @@ def cost_model(cfg, spec: ModelSpec):
     return make_cost_model(name, spec, hw, cm_cfg), hw
 
 
-def profile_cost_model(profile, model: str, hardware: str, overrides=()):
+def profile_cost_model(profile, model: str, hardware: str):
     """The calibrated cost model of one profile file for a model on a GPU (dummy weights): what
     the scripts that price measured batches by a profile read."""
     from testbed.config import compose
     cfg = compose([f"model={model}", f"hardware={hardware}", "model.weights=dummy", "costmodel=calibrated",
-                   f"costmodel.profile={Path(profile).resolve()}", *overrides])
+                   f"costmodel.profile={Path(profile).resolve()}"])
     return cost_model(cfg, model_spec(cfg))[0]
 
 
