@@ -267,8 +267,17 @@ def refit(path: Path, out: Path | None, host_from: list[Path] = (), device_from:
         graph_grids = [same_deployment(p, "graph_from") for p in graph_from]
         if graph_grids and not e["graph_sizes"]:
             raise ValueError(f"graph_from: {path} was profiled without CUDA graphs (engine.cuda_graph_max_bs=0)")
+        in_graph = lambda d: d["kind"] == "decode" and d["reqs"] <= max(e["graph_sizes"] or [0])  # noqa: E731
+
+        def samples_of(p: Path, what: str, keep) -> tuple[list[dict], dict]:
+            """A local_from / graph_samples_from file's device samples that `keep` takes, each marked
+            with the file it came from, and the machine they were measured on."""
+            other = local_source(p, what)
+            if other["model"] != old["model"] or other["engine"]["graph_sizes"] != e["graph_sizes"]:
+                raise ValueError(f"{what}={p}: another model or engine settings than {path}")
+            return [d | {"start": p.stem} for d in other["samples"]["device"] if keep(d)], other["machine"]
+
         if graph_grids:
-            in_graph = lambda d: d["kind"] == "decode" and d["reqs"] <= max(e["graph_sizes"])  # noqa: E731
             # one grid as measured (a grid may time a shape twice: pooling is across starts only)
             theirs = graph_grids[0]["samples"]["device"] if len(graph_grids) == 1 else \
                 pool_device_samples([g["samples"]["device"] for g in graph_grids])
@@ -278,23 +287,17 @@ def refit(path: Path, out: Path | None, host_from: list[Path] = (), device_from:
         served_machines = [] if graph_grids else list(old.get("graph_sample_machines", []))
         for p in graph_samples_from:  # a file's steps once, however often it is named (or an earlier refit took it)
             if p.stem not in {d.get("start") for d in device}:
-                other = local_source(p, "graph_samples_from")
-                if other["model"] != old["model"] or other["engine"]["graph_sizes"] != e["graph_sizes"]:
-                    raise ValueError(f"graph_samples_from={p}: another model or engine settings than {path}")
-                got = [d | {"start": p.stem} for d in other["samples"]["device"]
-                       if d["kind"] == "decode" and d["reqs"] <= max(e["graph_sizes"] or [0])]
+                got, machine = samples_of(p, "graph_samples_from", in_graph)
                 if not got:
                     raise ValueError(f"graph_samples_from={p}: no CUDA-graph decode samples")
                 device = device + got
-                served_machines.append(other["machine"])
+                served_machines.append(machine)
         local, local_machines = list(old["samples"].get("local", [])), list(old.get("local_machines", []))
         for p in local_from:  # a profile's shapes once, however often it is named
             if p.stem not in {d.get("start") for d in local}:
-                other = local_source(p, "local_from")
-                if other["model"] != old["model"] or other["engine"]["graph_sizes"] != e["graph_sizes"]:
-                    raise ValueError(f"local_from={p}: another model or engine settings than {path}")
-                local += [d | {"start": p.stem} for d in other["samples"]["device"] if d["kind"] == "mixed"]
-                local_machines.append(other["machine"])
+                got, machine = samples_of(p, "local_from", lambda d: d["kind"] == "mixed")
+                local += got
+                local_machines.append(machine)
         raw = {"device_samples": device, "host_samples": host, "local_samples": local,
                "graph_sizes": e["graph_sizes"], "piece_sizes": old["device"]["eager"].get("piece_sizes", []),
                "num_pages": e["num_pages"], "machine": old["machine"], "timing": old["timing"],
