@@ -140,7 +140,7 @@ def test_mismatched_model_hardware_or_tp_raises_naming_what_differs():
 
 
 def test_missing_or_bad_profile_raises(tmp_path):
-    with pytest.raises(ValueError, match="no such profile.*allowed: a name in \\['h100_qwen3_0_6b', 'h200_llama3_8b', 'h200_qwen3_0_6b'"):
+    with pytest.raises(ValueError, match="no such profile.*allowed: a name in \\['h100_llama3_8b', 'h100_qwen3_0_6b', 'h200_llama3_8b', 'h200_qwen3_0_6b'"):
         make_cost_model("calibrated", QWEN, "h200", {"profile": "no_such_profile"})
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
@@ -165,7 +165,8 @@ def test_auto_picks_the_profile_of_the_pair_else_the_roofline():
     assert isinstance(make_cost_model("auto", QWEN, "h200", {}), CalibratedCostModel)
     assert isinstance(make_cost_model("auto", LLAMA8, "h200", {"policy": "chunked"}), CalibratedCostModel)
     assert isinstance(make_cost_model("auto", QWEN, "h100", {}), CalibratedCostModel)  # h100_qwen3_0_6b
-    assert type(make_cost_model("auto", LLAMA8, "h100", {})).__name__ == "RooflineCostModel"
+    assert isinstance(make_cost_model("auto", LLAMA8, "h100", {}), CalibratedCostModel)  # h100_llama3_8b
+    assert type(make_cost_model("auto", LLAMA8, "a100", {})).__name__ == "RooflineCostModel"
     assert type(make_cost_model("auto", QWEN, "h200", {"tp": 2})).__name__ == "RooflineCostModel"
 
 

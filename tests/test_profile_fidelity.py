@@ -364,10 +364,10 @@ def test_fidelity_plans_cells_for_another_gpu_from_its_profile(tmp_path):
     h200 = next(x for x in json.loads((REPO / "benchmarks/results/fidelity/plan.json").read_text()) if x["name"] == cell)
     assert c["name"] == cell and "hardware=h100" in c["overrides"] and "hardware=h200" not in c["overrides"]
     assert c["capacity_rps"] < 0.95 * h200["capacity_rps"]  # the H100's slower HBM, as its profile measured it
-    p = py("-m", "testbed.fidelity", "plan", f"out={tmp_path / 'b'}", "hardware=h100",
+    p = py("-m", "testbed.fidelity", "plan", f"out={tmp_path / 'b'}", "hardware=a100",
            "cells=llama3_8b-chunked-sharegpt-light", timeout=300)
     assert p.returncode != 0 and p.stderr.strip().splitlines()[-1].startswith(
-        "error: costmodel.profile='h100_llama3_8b': no such profile")
+        "error: costmodel.profile='a100_llama3_8b': no such profile")
     p = py("-m", "testbed.fidelity", "plan", f"out={tmp_path / 'c'}", "hardware=tpu", timeout=300)
     assert p.returncode != 0 and p.stderr.strip().splitlines()[-1] == "error: hardware='tpu' is unknown; allowed: a100, h100, h200"
     p = py("-m", "testbed.fidelity", "report", f"out={tmp_path / 'a'}", "hardware=h100", timeout=300)
