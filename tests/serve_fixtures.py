@@ -1,7 +1,9 @@
 """A testbed.serve server in a subprocess, for the serving tests (testbed.serve.server_process
-on the tests' model: the CPU, float32), and polling for a condition."""
+on the tests' model: the CPU, float32), polling for a condition, and a child process that takes
+Ctrl-C as one started from a terminal."""
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 
@@ -20,6 +22,13 @@ def wait_for(cond, timeout: float, what: str, step: float = 0.05):
             return v
         time.sleep(step)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def default_sigint() -> None:
+    """A child's preexec_fn: Ctrl-C delivered as to a run started from a terminal. Under a job that
+    ignores SIGINT (a script's background job, nohup) the child would inherit the ignoring and
+    never see it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 class Server(ServerProcess):

@@ -12,6 +12,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from serve_fixtures import default_sigint
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -275,12 +277,6 @@ def _stop_mid_run(out, sig):
     proc.wait(timeout=120)
     t.join(30)
     return proc.returncode, "".join(err)
-
-
-def default_sigint() -> None:
-    """The run as a terminal starts it: Ctrl-C delivered. Under a job that ignores SIGINT (a
-    script's background job, nohup) the child would inherit the ignoring and never see it."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.mark.parametrize("sig, code, word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])

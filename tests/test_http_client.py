@@ -17,7 +17,7 @@ import httpx  # noqa: E402
 import pandas as pd  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
-from serve_fixtures import ROOT, free_port, wait_for  # noqa: E402
+from serve_fixtures import ROOT, default_sigint, free_port, wait_for  # noqa: E402
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
@@ -102,7 +102,7 @@ def test_a_signal_mid_run_writes_what_came(fake, tmp_path, sig, code, error):
     t = trace(tmp_path, [(5, 3, 0.0), (2, 5, 1.0), (5, 3, 60.0)])  # one finishes, then one hangs, one is far off
     proc = subprocess.Popen(replay_args(fake, t, tmp_path / "out"), cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # Ctrl-C as from a terminal
+                            preexec_fn=default_sigint)  # Ctrl-C as from a terminal
     try:
         wait_for(lambda: (s := httpx.get(fake + "/stats").json())["hanging"] == 1 and s["completed"] == 1, 60,
                  "the first request's end and the hanging one's first chunk")
