@@ -35,12 +35,8 @@ def test_the_batches_hold_their_long_rows_and_padding(tmp_path):
 def test_the_report_prices_each_timed_batch_by_the_profile(tmp_path):
     """A timed file whose device times are the profile's own prices reports 1.000 for each."""
     import exp_unsplit_decode as x
-    from testbed import assemble
-    from testbed.config import compose
-    prof = REPO / "testbed/sim/costmodel/profiles/h200_qwen3_0_6b.json"
-    cfg = compose(["model=qwen3_0_6b", "hardware=h200", "model.weights=dummy", "costmodel=calibrated",
-                   f"costmodel.profile={prof}"])
-    cost = assemble.cost_model(cfg, assemble.model_spec(cfg))[0]
+    from testbed.assemble import profile_cost_model
+    cost = profile_cost_model(REPO / "testbed/sim/costmodel/profiles/h200_qwen3_0_6b.json", "qwen3_0_6b", "h200")
     b = tmp_path / "b.json"
     x.make(b)
     picked = json.loads(b.read_text())["batches"][::37]
