@@ -7,7 +7,9 @@ enough), this module places those steps on the modelled timeline one after anoth
 executor's own arithmetic (SimExecutor.place) and the loop's (each wait lands the clock where
 the SimPy driver's timeout would), until the next arrival would be admitted; then the
 scheduler applies them at once, their step rows go to the log in bulk, and the loop waits
-once, until the clock the one-by-one loop would have reached. Step times, token times, rows
+once, until the clock the one-by-one loop would have reached (a stretch whose one wait would
+land an ulp off it, which float arithmetic allows early in a run, is left to the one-by-one
+loop: `land`). Step times, token times, rows
 and ends are those of stepping one by one, float for float (tests/test_fastpath.py compares
 the runs' files byte for byte); `backend.fast_path=false` turns it off.
 """
@@ -27,8 +29,10 @@ CHUNK = 64  # steps costed at a time: a stretch usually ends at an arrival well 
 
 def land(now: float, t: float) -> float:
     """Where the SimPy driver's clock is after the loop waits until t (a timeout of t - now):
-    t itself for 0 <= now <= t (tests/test_fastpath.py), so the one wait at the end of a
-    stretch lands where its steps' waits did."""
+    now + (t - now), which is t itself when t - now is exact (now >= t / 2) and may be an ulp
+    off it otherwise (now = 0.1944001701948989, t = 0.7052833998544062 lands on
+    0.7052833998544064). So a stretch's one wait from its start lands where its steps' waits did
+    only if land(start, end) == end: FastPath.run checks it."""
     return now + (t - now) if t > now else now
 
 
@@ -80,7 +84,7 @@ class FastPath:
                 clock = land(clock, tc + f_cc)
             rows.append((ts, tc, f_dur, f_pred, (tl - ts) + f_prep, max(0.0, tld - tl - f_prep), clock - tc))
             pend = cur
-        if not j:
+        if not j or land(start, clock) != clock:  # its one wait would land an ulp off the steps' (early in a run)
             return inflight
         ex.device_free, ex.applied = free, applied
         last = self._apply(plan, left, cached, rows)
