@@ -7,7 +7,8 @@ every scheduling policy, queue order, reservation and eviction order, with and w
 page sizes 1 and 4, the roofline and both calibrated profiles (the graph fit with the
 imbalance feature, and the split-KV plan's load), on ShareGPT, Azure, Mooncake's shared
 prefixes and a synthetic trace with a KV pool small enough to evict and preempt. The full
-product of policies, orders, reservations and overlap is `slow`.
+product of policies, orders, reservations and overlap is `slow`, and so are configurations drawn
+across every knob at once (hypothesis).
 """
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import itertools
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from testbed import assemble
 from testbed.config import ConfigError, compose
@@ -92,6 +95,39 @@ def test_same_files_every_policy_knob(tmp_path, policy, order, reserve, overlap)
     for trace in (SHAREGPT, MOONCAKE, TIGHT):
         assert run_both(tmp_path / trace[0], [f"policy={policy}", f"policy.order={order}",
                                               f"policy.reserve={reserve}", f"engine.overlap={overlap}", *trace]).steps > 0
+
+
+@st.composite
+def configurations(draw):
+    """A run drawn across the knobs the fast path must be exact under (every axis at once, small
+    traces: stretches early in a run too)."""
+    trace = draw(st.sampled_from(["sharegpt", "azure_conv", "mooncake_conversation", "synthetic", "arxiv"]))
+    policy = draw(st.sampled_from(["prefill_first", "decode_first", "chunked"]))
+    ov = [f"trace={trace}", f"policy={policy}", f"trace.num_requests={draw(st.sampled_from([40, 80]))}",
+          f"policy.order={draw(st.sampled_from(['fcfs', 'sjf', 'lpm', 'priority']))}",
+          f"policy.reserve={draw(st.sampled_from(['full', 'estimate']))}",
+          f"eviction={draw(st.sampled_from(['lru', 'fifo', 'lfu', 'slru', 'priority']))}",
+          f"engine.page_size={draw(st.sampled_from([1, 4, 16]))}",
+          f"engine.overlap={draw(st.sampled_from(['true', 'false']))}",
+          f"scheduler.max_running={draw(st.sampled_from([4, 16, 64, 256]))}",
+          f"model={draw(st.sampled_from(['llama3_8b', 'qwen3_0_6b']))}",
+          f"engine.num_pages={draw(st.sampled_from([2500, 8000, 60000]))}",
+          f"policy.chunk_size={draw(st.sampled_from([0, 64]))}"]
+    if draw(st.booleans()):
+        ov += A100
+    if trace == "synthetic":
+        ov += ["trace.num_prefix_groups=4", "trace.prefix_len=96"]
+    if trace in ("azure_conv", "mooncake_conversation"):
+        ov.append("trace.time_scale=0.1")
+    return ov
+
+
+@pytest.mark.slow
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(configurations())
+def test_same_files_drawn_configurations(tmp_path_factory, overrides):
+    """Drawn across every knob at once (this found stretches early in a run landing an ulp off)."""
+    assume(run_both(tmp_path_factory.mktemp("run"), overrides).steps > 0)  # engaged: else it proves nothing
 
 
 def test_fast_path_knob_is_checked():
