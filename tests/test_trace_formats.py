@@ -255,3 +255,10 @@ def test_format_and_tokenizer_from_the_command_line(tmp_path, tokenizer_file):
                         "trace.format=jsonl", "progress=false", f"hydra.run.dir={tmp_path / 'bad'}"],
                        cwd=REPO, capture_output=True, text=True, timeout=300)
     assert p.returncode != 0 and "format='jsonl' is not allowed" in p.stderr
+
+
+def test_a_folder_or_a_missing_file_is_named(tmp_path):
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "a.csv").write_text("prompt_tokens,output_tokens\n10,5\n")
+    raises([str(tmp_path / "runs"), "is a folder"], tmp_path / "runs")
+    raises(["not found", str(tmp_path / "b.csv"), "a.csv"], tmp_path / "b.csv")  # the folder's files listed

@@ -147,6 +147,8 @@ def find_file(path: str | None, default_name: str | None, what: str) -> Path:
         p = Path(path).expanduser()
     if p.is_file():
         return p
+    if p.is_dir():
+        raise TraceError(f"trace file {p} is a folder; give a file in it (a CSV, JSONL, JSON or Parquet file)")
     folder = p.parent
     if folder.is_dir():
         names = sorted(x.name for x in folder.iterdir() if x.is_file())
