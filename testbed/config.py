@@ -144,6 +144,8 @@ class EngineConfig:
             _bad("engine.mem_fraction", self.mem_fraction, "a number in (0, 1]")
         if self.dtype not in DTYPES:
             _bad("engine.dtype", self.dtype, ", ".join(DTYPES))
+        if self.cuda_graph_max_bs < 0:
+            _bad("engine.cuda_graph_max_bs", self.cuda_graph_max_bs, "0 (no decode graphs) or an integer >= 1")
         if self.num_pages is not None and self.num_pages < 1:
             _bad("engine.num_pages", self.num_pages, "null (size from memory) or an integer >= 1")
         if self.attention is not None:

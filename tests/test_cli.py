@@ -135,6 +135,7 @@ def test_a_users_file_is_used_whole_and_the_table_says_what_was_left_out(tmp_pat
     (["policy.order=random"], "policy.order"),
     (["trace.rate=-1"], "rate"),
     (["engine.page_size=0"], "engine.page_size"),
+    (["engine.cuda_graph_max_bs=-1"], "engine.cuda_graph_max_bs=-1 is invalid; allowed: 0 (no decode graphs) or"),
     (["engine.cpu_threads=0"], "engine.cpu_threads=0 is invalid; allowed: null (the cores over the TP ranks) or"),
     (["hardware.name=foo"], "hardware.name='foo' is invalid; allowed: one of a100, h100, h200"),
     # weights + half a KV page of llama3_8b on an H200: less than one page left
