@@ -92,7 +92,7 @@ def log_axis(ax, axis: str = "x") -> None:
 
 
 def _legend(ax, n: int, **kw):
-    if n:
+    if n and ax.get_legend_handles_labels()[0]:  # groups without data draw no lines
         ax.legend(fontsize=8 if n > 6 else 9, framealpha=0.85, **kw)
 
 
@@ -304,6 +304,8 @@ def kv_timeline(steps: pd.DataFrame, bin_s: float | None = None, title: str | No
     and running / waiting requests. One job's steps only; bin_s defaults to ~300 bins."""
     if "job" in steps and steps["job"].nunique() > 1:
         raise ValueError("kv_timeline draws one job: pass results.job(name).steps")
+    if not len(steps):
+        raise ValueError("kv_timeline: no steps to draw (the job ran none)")
     span = float(steps["end_s"].max() - steps["start_s"].min()) if len(steps) else 1.0
     bin_s = bin_s or _nice_bin(span / 300)
     kv = M.kv_timeline(steps, bin_s)

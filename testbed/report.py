@@ -120,7 +120,11 @@ def plots(results, summaries, args, out: Path) -> list[Path]:
     steps = load(path, requests=False, steps=True, include_partial=True, warn=False).steps
     written.append(P.save(P.gantt(one.requests, title=f"request timelines: {label}", steps=steps),
                           out / "gantt.png"))
-    written.append(P.save(P.kv_timeline(steps, title=f"KV cache and batches over time: {label}"), out / "kv.png"))
+    if len(steps):
+        written.append(P.save(P.kv_timeline(steps, title=f"KV cache and batches over time: {label}"),
+                              out / "kv.png"))
+    else:  # every request rejected, say: no KV over time to draw
+        say(f"kv.png not drawn: job {job} ran no steps")
     return written
 
 

@@ -59,6 +59,23 @@ def test_report_on_one_run(sweep, tmp_path):
     assert len(pd.read_parquet(run / "sweep.parquet")) == 1
 
 
+def test_a_run_that_ran_no_steps_is_reported_without_its_kv_plot(tmp_path):
+    """Every request rejected (longer than the model's context): the table and the other plots,
+    and a line saying why kv.png is not drawn."""
+    trace = tmp_path / "long.csv"
+    trace.write_text("prompt_tokens,output_tokens\n200000,5\n300000,6\n")
+    run = tmp_path / "run"
+    p = subprocess.run([sys.executable, "-m", "testbed.run", "trace=file", f"trace.path={trace}", "progress=false",
+                        f"hydra.run.dir={run}"], cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr
+    p = report(run)
+    assert p.returncode == 0, p.stderr
+    assert f"kv.png not drawn: job {run.name} ran no steps" in p.stdout
+    assert "Warning" not in p.stderr, p.stderr
+    assert (run / "latency_cdf.png").read_bytes()[:8] == PNG and (run / "gantt.png").exists()
+    assert not (run / "kv.png").exists()
+
+
 def test_an_e2e_slo_recomputes_goodput_and_a_bad_slo_is_one_line(sweep, tmp_path):
     one = tmp_path / "one"
     shutil.copytree(next(p for p in sorted(sweep.iterdir()) if (p / "summary.json").exists()), one)
