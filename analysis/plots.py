@@ -306,7 +306,7 @@ def kv_timeline(steps: pd.DataFrame, bin_s: float | None = None, title: str | No
         raise ValueError("kv_timeline draws one job: pass results.job(name).steps")
     if not len(steps):
         raise ValueError("kv_timeline: no steps to draw (the job ran none)")
-    span = float(steps["end_s"].max() - steps["start_s"].min()) if len(steps) else 1.0
+    span = float(steps["end_s"].max() - steps["start_s"].min())
     bin_s = bin_s or _nice_bin(span / 300)
     kv = M.kv_timeline(steps, bin_s)
     bc = M.batch_composition(steps, bin_s)
