@@ -17,7 +17,6 @@ import itertools
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
-from hypothesis import strategies as st
 
 from testbed import assemble
 from testbed.config import ConfigError, compose
@@ -25,6 +24,8 @@ from testbed.run import drive
 from testbed.sim.costmodel import make_cost_model
 from testbed.sim.costmodel.base import costs_step_by_step, decode_costs
 from testbed.sim.fastpath import land
+
+from drawn_runs import configurations
 
 SHAREGPT = ["trace=sharegpt", "trace.num_requests=60", "trace.rate=4"]
 AZURE = ["trace=azure_conv", "trace.num_requests=60", "trace.time_scale=0.1"]
@@ -95,31 +96,6 @@ def test_same_files_every_policy_knob(tmp_path, policy, order, reserve, overlap)
     for trace in (SHAREGPT, MOONCAKE, TIGHT):
         assert run_both(tmp_path / trace[0], [f"policy={policy}", f"policy.order={order}",
                                               f"policy.reserve={reserve}", f"engine.overlap={overlap}", *trace]).steps > 0
-
-
-@st.composite
-def configurations(draw):
-    """A run drawn across the knobs the fast path must be exact under (every axis at once, small
-    traces: stretches early in a run too)."""
-    trace = draw(st.sampled_from(["sharegpt", "azure_conv", "mooncake_conversation", "synthetic", "arxiv"]))
-    policy = draw(st.sampled_from(["prefill_first", "decode_first", "chunked"]))
-    ov = [f"trace={trace}", f"policy={policy}", f"trace.num_requests={draw(st.sampled_from([40, 80]))}",
-          f"policy.order={draw(st.sampled_from(['fcfs', 'sjf', 'lpm', 'priority']))}",
-          f"policy.reserve={draw(st.sampled_from(['full', 'estimate']))}",
-          f"eviction={draw(st.sampled_from(['lru', 'fifo', 'lfu', 'slru', 'priority']))}",
-          f"engine.page_size={draw(st.sampled_from([1, 4, 16]))}",
-          f"engine.overlap={draw(st.sampled_from(['true', 'false']))}",
-          f"scheduler.max_running={draw(st.sampled_from([4, 16, 64, 256]))}",
-          f"model={draw(st.sampled_from(['llama3_8b', 'qwen3_0_6b']))}",
-          f"engine.num_pages={draw(st.sampled_from([2500, 8000, 60000]))}",
-          f"policy.chunk_size={draw(st.sampled_from([0, 64]))}"]
-    if draw(st.booleans()):
-        ov += A100
-    if trace == "synthetic":
-        ov += ["trace.num_prefix_groups=4", "trace.prefix_len=96"]
-    if trace in ("azure_conv", "mooncake_conversation"):
-        ov.append("trace.time_scale=0.1")
-    return ov
 
 
 @pytest.mark.slow

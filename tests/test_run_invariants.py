@@ -1,0 +1,65 @@
+"""What every simulator run's files must say, on runs drawn across every knob at once: each request
+finished (its whole output, its token times in order and matching its first-token and finish
+times, its prompt computed exactly once beyond its prefix hit except what preemption recomputed)
+or rejected; each step's batch adding up, its pages adding up to the pool, its running requests
+within the cap, its ids consecutive."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from drawn_runs import configurations
+from testbed.config import compose
+from testbed.run import run
+
+
+def check_files(out, cfg) -> None:
+    r = pd.read_parquet(out / "requests.parquet")
+    s = pd.read_parquet(out / "steps.parquet")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["complete"], summary["error"]
+    assert len(r) == summary["trace"]["num_requests"]
+    assert set(r.state) <= {"FINISHED", "REJECTED"}
+    for q in r[r.state == "FINISHED"].itertuples():
+        tt = q.token_times_s
+        assert (q.output_tokens, q.finish_reason) == (q.max_new_tokens, "length"), q.rid  # the sim ignores EOS
+        assert len(tt) == q.output_tokens and (np.diff(tt) >= 0).all(), q.rid
+        assert (tt[0], tt[-1]) == (q.first_token_s, q.finish_s), q.rid
+        assert q.arrival_s <= q.first_scheduled_s <= q.first_token_s <= q.finish_s, q.rid
+        assert q.prefill_chunks == len(q.chunk_tokens), q.rid
+        assert sum(q.chunk_tokens) == q.prompt_tokens - q.prefix_cached_tokens + q.recomputed_tokens, q.rid
+        assert q.preemptions or not q.recomputed_tokens, q.rid
+    kv = summary["kv"]["integrity"]
+    assert kv["in_use"] == 0
+    assert ((s.pages_used + s.pages_cached + s.pages_free) == kv["total"]).all()
+    assert (s.batch_reqs == s.prefill_reqs + s.decode_reqs).all() and (s.decode_tokens == s.decode_reqs).all()
+    assert (s.prefill_tokens >= s.prefill_reqs).all() and (s.start_s <= s.end_s).all()
+    assert (s.running <= cfg.scheduler.max_running).all()
+    assert (np.diff(s.step.to_numpy()) == 1).all() and (np.diff(s.start_s.to_numpy()) >= 0).all()
+
+
+@pytest.mark.slow
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(configurations())
+def test_drawn_runs_files_hold_their_invariants(tmp_path_factory, overrides):
+    cfg = compose([*overrides, "progress=false"])
+    out = tmp_path_factory.mktemp("run") / "run"
+    run(cfg, str(out), print_table=False)
+    check_files(out, cfg)
+
+
+def test_the_check_catches_a_broken_file(tmp_path):
+    """check_files fails on a run whose steps lose a page (the check is not vacuous)."""
+    cfg = compose(["trace.num_requests=20", "progress=false"])
+    out = tmp_path / "run"
+    run(cfg, str(out), print_table=False)
+    check_files(out, cfg)
+    s = pd.read_parquet(out / "steps.parquet")
+    s.loc[3, "pages_free"] -= 1
+    s.to_parquet(out / "steps.parquet")
+    with pytest.raises(AssertionError):
+        check_files(out, cfg)
