@@ -25,7 +25,7 @@ from testbed.sim.costmodel import make_cost_model
 from testbed.sim.costmodel.base import costs_step_by_step, decode_costs
 from testbed.sim.fastpath import land
 
-from drawn_runs import configurations
+from drawn_runs import A100, configurations  # A100: no A100 profile, the roofline
 
 SHAREGPT = ["trace=sharegpt", "trace.num_requests=60", "trace.rate=4"]
 AZURE = ["trace=azure_conv", "trace.num_requests=60", "trace.time_scale=0.1"]
@@ -34,7 +34,6 @@ MOONCAKE = ["trace=mooncake_conversation", "trace.num_requests=50"]
 # reserve=estimate, preemptions
 TIGHT = ["trace=synthetic", "trace.num_requests=60", "trace.rate=20", "trace.prompt_len_max=400",
          "trace.output_len_max=300", "trace.num_prefix_groups=4", "trace.prefix_len=96", "engine.num_pages=3000"]
-A100 = ["hardware=a100", "costmodel=roofline"]  # no A100 profile: the roofline
 QWEN = ["model=qwen3_0_6b"]  # its H200 profile's decode graphs use the split-KV plan's load
 
 CASES = {
