@@ -1,6 +1,7 @@
 """A stand-in OpenAI-compatible server for the client's tests (backend=http): it streams
 /v1/completions as vLLM does, and misbehaves on cue, by the prompt's first token id:
-1 -> HTTP 500 with an OpenAI error; 2 -> hangs after its first chunk until the client goes;
+1 -> HTTP 500 with an OpenAI error; 2 -> hangs after its first chunk (counted as hanging once the client
+has surely read it) until the client goes;
 3 -> closes the connection mid-stream; 4 -> an error event mid-stream; else (a text prompt too) it streams
 max_tokens chunks, DELAY_S apart, then usage. GET /stats: requests seen, completed, hanging,
 and the most in flight at once. Run: python tests/fake_openai_server.py PORT"""
@@ -15,6 +16,20 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 DELAY_S = 0.02
+
+
+def unread_bound() -> int:
+    """More bytes than loopback can hold unread (the kernel's largest send and receive buffers,
+    plus room for the server's own): once a stream has sent this much after an event, the client
+    has read that event."""
+    try:
+        sizes = [int(open(f"/proc/sys/net/ipv4/tcp_{k}").read().split()[2]) for k in ("rmem", "wmem")]
+    except (OSError, ValueError, IndexError):
+        sizes = [32 << 20, 32 << 20]
+    return sum(sizes) + (8 << 20)
+
+
+PAD = ": " + "x" * ((64 << 10) - 3) + "\n"  # an SSE comment line of 64 KiB: the client skips it
 app = FastAPI()
 stats = {"requests": 0, "in_flight": 0, "max_in_flight": 0, "hanging": 0, "completed": 0, "text_prompts": []}
 
@@ -56,7 +71,9 @@ async def completions(http: Request):
             for i in range(n):
                 await asyncio.sleep(DELAY_S)
                 yield chunk("x", "length" if i == n - 1 else None)
-                if cue == 2:
+                if cue == 2:  # no fixed wait: the padding cannot all be sent before the client reads the chunk
+                    for _ in range(unread_bound() // len(PAD) + 1):
+                        yield PAD
                     stats["hanging"] += 1
                     await asyncio.sleep(3600)
                 if cue == 3 and i == 1:
