@@ -20,6 +20,7 @@ import pyarrow.parquet as pq  # noqa: E402
 
 from engine_fixtures import save_tiny_chat_model  # noqa: E402
 from serve_fixtures import Server, wait_for  # noqa: E402
+from testbed.serve import protocol as P  # noqa: E402
 
 pytestmark = pytest.mark.slow  # each server takes ~10 s to start on 2 cores
 GREEDY = {"temperature": 0, "ignore_eos": True}
@@ -132,11 +133,14 @@ def test_a_stop_string_ends_the_request(server):
     ("/v1/completions", {"max_tokens": 3}, 400, "prompt"),
     ("/v1/completions", {"prompt": ""}, 400, "prompt"),
     ("/v1/completions", {"prompt": [1, 99999]}, 400, "prompt"),
+    ("/v1/completions", {"prompt": [True, False]}, 400, "prompt"),  # not taken as ids 1 and 0
+    ("/v1/completions", {"prompt": [2.0]}, 400, "prompt"),
     ("/v1/completions", {"prompt": "x" * 2100, "max_tokens": 4}, 400, "max_tokens"),  # over the 2048 context
     ("/v1/completions", {"prompt": "abc", "max_tokens": 2046}, 400, "max_tokens"),
     ("/v1/chat/completions", {"messages": []}, 400, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "user"}], "stop": 3}, 400, "stop"),
     ("/generate", {"sampling_params": {}}, 400, "text"),
+    ("/generate", {"input_ids": [True]}, 400, "input_ids"),
 ])
 def test_bad_requests_get_an_openai_error(server, path, body, status, param):
     kw = {"content": body} if isinstance(body, bytes) else {"json": body}
@@ -144,6 +148,17 @@ def test_bad_requests_get_an_openai_error(server, path, body, status, param):
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert err["message"] and err["type"] == "invalid_request_error" and err["param"] == param, err
+
+
+@pytest.mark.parametrize("cls, body, message", [
+    (P.CompletionBody, {"prompt": [1.5]}, "prompt: must be a string or a list of token ids (integers)"),
+    (P.CompletionBody, {"prompt": {"a": 1}}, "prompt: must be a string or a list of token ids (integers)"),
+    (P.GenerateBody, {"input_ids": "abc"}, "input_ids: must be a list of token ids (integers)"),
+])
+def test_a_prompt_of_the_wrong_type_is_named_plainly(cls, body, message):
+    with pytest.raises(P.ApiError) as e:
+        P.validate(cls, body)
+    assert e.value.message == message
 
 
 def test_a_client_gone_aborts_its_request_and_frees_its_kv(server):

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 import random
-from typing import Literal, Union
+from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from testbed.core import SamplingParams
 from testbed.serve.messages import GenerateReq
@@ -25,6 +25,26 @@ class ApiError(Exception):
     def body(self) -> dict:
         kind = "invalid_request_error" if self.status < 500 else "server_error"
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+
+
+def _token_ids(v):
+    """A list of JSON integers, as it came: pydantic alone would take true as 1 and 2.0 as 2."""
+    if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        raise ValueError("must be a list of token ids (integers)")
+    return v
+
+
+def _text_or_token_ids(v):
+    if isinstance(v, str):
+        return v
+    try:
+        return _token_ids(v)
+    except ValueError:
+        raise ValueError("must be a string or a list of token ids (integers)") from None
+
+
+TokenIds = Annotated[list[int], BeforeValidator(_token_ids)]
+TextOrTokenIds = Annotated[Union[str, list[int]], BeforeValidator(_text_or_token_ids)]
 
 
 class _Body(BaseModel):
@@ -50,7 +70,7 @@ class _Sampling(_Body):
 
 
 class CompletionBody(_Sampling):
-    prompt: Union[str, list[int]]  # text, or its token ids
+    prompt: TextOrTokenIds  # text, or its token ids
 
 
 class ContentPart(_Body):
@@ -84,7 +104,7 @@ class GenerateSampling(_Body):
 
 class GenerateBody(_Body):
     text: str | None = None
-    input_ids: list[int] | None = None
+    input_ids: TokenIds | None = None
     sampling_params: GenerateSampling = Field(default_factory=GenerateSampling)
     stream: bool = False
 
@@ -105,7 +125,8 @@ def validate(model_cls, body: dict):
     except ValidationError as e:
         err = e.errors()[0]
         where = ".".join(str(x) for x in err["loc"])
-        raise ApiError(400, f"{where}: {err['msg']}" if where else err["msg"],
+        msg = str(err["ctx"]["error"]) if err["type"] == "value_error" else err["msg"]  # ours, without "Value error, "
+        raise ApiError(400, f"{where}: {msg}" if where else msg,
                        str(err["loc"][0]) if err["loc"] else None) from None
 
 
