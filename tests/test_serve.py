@@ -154,8 +154,15 @@ def test_bad_requests_get_an_openai_error(server, path, body, status, param):
     (P.CompletionBody, {"prompt": [1.5]}, "prompt: must be a string or a list of token ids (integers)"),
     (P.CompletionBody, {"prompt": {"a": 1}}, "prompt: must be a string or a list of token ids (integers)"),
     (P.GenerateBody, {"input_ids": "abc"}, "input_ids: must be a list of token ids (integers)"),
+    (P.CompletionBody, {"prompt": "a", "stop": ["a", 3]}, "stop: must be a string or a list of strings"),
+    (P.ChatBody, {"messages": [{"role": "user", "content": 5}]},
+     "messages.0.content: must be a string or a list of text parts"),
+    (P.ChatBody, {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
+                                                            {"type": "image_url", "image_url": {"url": "x"}}]}]},
+     """messages.0.content: part 1 is of type 'image_url': only text parts ({"type": "text", "text": ...}) are served"""),
+    (P.CompletionBody, {"prompt": "a", "temperature": float("inf")}, "temperature: Input should be a finite number"),
 ])
-def test_a_prompt_of_the_wrong_type_is_named_plainly(cls, body, message):
+def test_a_field_of_the_wrong_type_is_named_plainly(cls, body, message):
     with pytest.raises(P.ApiError) as e:
         P.validate(cls, body)
     assert e.value.message == message

@@ -43,8 +43,29 @@ def _text_or_token_ids(v):
         raise ValueError("must be a string or a list of token ids (integers)") from None
 
 
+def _stop(v):
+    if v is None or isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v)):
+        return v
+    raise ValueError("must be a string or a list of strings")
+
+
+def _content(v):
+    """A message's content: text, or a list of text parts (the only kind a text model serves)."""
+    if v is None or isinstance(v, str):
+        return v
+    if not isinstance(v, list):
+        raise ValueError("must be a string or a list of text parts")
+    for i, part in enumerate(v):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text" or not isinstance(part.get("text"), str):
+            raise ValueError(f"part {i} is {'of type ' + repr(kind) if kind else 'not a text part'}: "
+                             "only text parts ({\"type\": \"text\", \"text\": ...}) are served")
+    return v
+
+
 TokenIds = Annotated[list[int], BeforeValidator(_token_ids)]
 TextOrTokenIds = Annotated[Union[str, list[int]], BeforeValidator(_text_or_token_ids)]
+Stop = Annotated[Union[str, list[str], None], BeforeValidator(_stop)]
 
 
 class _Body(BaseModel):
@@ -58,11 +79,11 @@ class StreamOptions(_Body):
 class _Sampling(_Body):
     model: str | None = None  # None: the one model served
     max_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
+    temperature: float = Field(1.0, ge=0, allow_inf_nan=False)
+    top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False)
     top_k: int = -1
     seed: int | None = None
-    stop: Union[str, list[str], None] = None
+    stop: Stop = None
     ignore_eos: bool = False
     n: Literal[1] = 1  # one choice per request
     stream: bool = False
@@ -80,7 +101,7 @@ class ContentPart(_Body):
 
 class ChatMessage(_Body):
     role: str
-    content: Union[str, list[ContentPart], None] = None
+    content: Annotated[Union[str, list[ContentPart], None], BeforeValidator(_content)] = None
 
     def as_template_input(self) -> dict:
         c = self.content
@@ -94,11 +115,11 @@ class ChatBody(_Sampling):
 
 class GenerateSampling(_Body):
     max_new_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
+    temperature: float = Field(1.0, ge=0, allow_inf_nan=False)
+    top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False)
     top_k: int = -1
     seed: int | None = None
-    stop: Union[str, list[str], None] = None
+    stop: Stop = None
     ignore_eos: bool = False
 
 
