@@ -93,13 +93,18 @@ def main(argv=None) -> int:
             path = write_served(Path(own["served_out"]), deployment(cfg, spec), served, batches)
             print(f"written {path}: {len(batches)} served batches")
             return 0
+        settings = assemble.engine_settings(cfg, spec)  # its errors before the served batches' minute
+        from testbed.engine.profiler import HOST_POLICIES, run_profile  # imports torch
+        policies = own["policies"].split(",") if own["policies"] else list(HOST_POLICIES)
+        from policies import POLICIES
+        for name in policies:  # before the engine is built and warmed up
+            if name not in POLICIES.names():
+                raise ValueError(f"policies={own['policies']}: {name!r} is unknown; allowed: {', '.join(POLICIES.names())}")
         if own["served_from"]:
             batches = [] if quick else read_served(Path(own["served_from"]), deployment(cfg, spec), served)
         else:
             batches = served_batches(cfg, spec, overrides, 0 if quick else served)
-        from testbed.engine.profiler import HOST_POLICIES, run_profile  # imports torch
-        policies = own["policies"].split(",") if own["policies"] else list(HOST_POLICIES)
-        raw = run_profile(assemble.engine_settings(cfg, spec), spec, assemble.scheduler_per_policy(cfg, spec),
+        raw = run_profile(settings, spec, assemble.scheduler_per_policy(cfg, spec),
                           repeats=repeats, quick=quick, policies=policies,
                           host_requests=int(own["host_requests"]) if own["host_requests"] else None,
                           batches=batches)

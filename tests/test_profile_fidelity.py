@@ -167,6 +167,14 @@ def test_profiler_bad_input_is_one_line_error():
     assert p.returncode == 2 and p.stderr.strip().splitlines()[-1].startswith("error: repeats=0 is invalid")
     p = py("-m", "testbed.profile", *SMOL_CPU, "engine.tp=2", timeout=120)
     assert p.returncode == 2 and "the profiler runs one rank" in p.stderr
+    # these two are found before the served batches are simulated and the engine is built
+    p = py("-m", "testbed.profile", *SMOL_CPU, "policies=chunked,bogus", timeout=120)
+    assert p.returncode == 2 and p.stderr.strip().splitlines()[-1] == (
+        "error: policies=chunked,bogus: 'bogus' is unknown; allowed: chunked, decode_first, prefill_first")
+    assert "warm-up" not in p.stderr and "served batches" not in p.stderr
+    p = py("-m", "testbed.profile", "model=qwen3_0_6b", "engine.device=cpu", timeout=120)
+    assert p.returncode == 2 and p.stderr.strip().splitlines()[-1].startswith("error: model.weights=real needs model.path")
+    assert "served batches" not in p.stderr
 
 
 # ---------------------------------------------------------------------- fidelity end to end
