@@ -67,6 +67,17 @@ def test_greedy_ids_equal_hf_generate(model_and_reference, tmp_path, scenario):
     assert json.loads((tmp_path / "summary.json").read_text())["kv"]["attention"] == "torch"
 
 
+def test_a_page_size_that_does_not_divide_the_cpu_pool_runs(tmp_path):
+    """Without engine.num_pages the CPU pool is ~32k slots, in whole pages of any size."""
+    model_dir = save_tiny_model("llama", tmp_path / "model")
+    trace = tmp_path / "p.csv"
+    prompt_file(trace, n=3)
+    p = run_engine(model_dir, trace, tmp_path / "out", "engine.page_size=3")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert (pd.read_parquet(tmp_path / "out" / "requests.parquet")["state"] == "FINISHED").all()
+    assert "KV pool of 32766 slots" in (tmp_path / "out" / "run.log").read_text()
+
+
 def test_engine_bad_inputs(tmp_path):
     model_dir = save_tiny_model("llama", tmp_path / "model")
     trace = tmp_path / "p.csv"

@@ -57,8 +57,9 @@ def kv_slots(s: EngineSettings, model, device: torch.device) -> int:
             raise ValueError(f"no GPU memory left for the KV cache: {free / 2**30:.1f} GiB free of "
                              f"{total / 2**30:.1f} GiB after the weights; raise engine.mem_fraction or set engine.num_pages")
         return int(budget // (per_slot * s.page_size)) * s.page_size
-    log.info("engine on the CPU without engine.num_pages: KV pool of %d slots", CPU_DEFAULT_SLOTS)
-    return CPU_DEFAULT_SLOTS
+    slots = max(CPU_DEFAULT_SLOTS // s.page_size, 1) * s.page_size  # whole pages, whatever the page size
+    log.info("engine on the CPU without engine.num_pages: KV pool of %d slots", slots)
+    return slots
 
 
 def load_shard(s: EngineSettings, spec, device: torch.device, tp=None):
