@@ -43,6 +43,10 @@ def join_requests(reference, candidate, metrics=COMPARED, finished_only: bool = 
     a, b = _requests(reference), _requests(candidate)
     cols = ["rid", "state", "arrival_s", *IDENTITY, "prefix_cached_tokens", "preemptions",
             *[f"{m}_s" for m in metrics]]
+    for name, df in (("reference", a), ("candidate", b)):
+        missing = [c for c in cols if c not in df.columns]
+        if missing:
+            raise ValueError(f"{name}: not a requests.parquet table (no column {', '.join(missing)})")
     j = a[cols].merge(b[cols], on="rid", how="inner", suffixes=("_ref", "_cand"))
     attrs = {"only_reference": int((~a["rid"].isin(b["rid"])).sum()),
              "only_candidate": int((~b["rid"].isin(a["rid"])).sum())}

@@ -23,7 +23,17 @@ UNITS = {"ttft": "TTFT (ms)", "tpot": "TPOT (ms)", "itl": "inter-token latency (
 def _by(df: pd.DataFrame, by) -> list[str]:
     if by is None:
         return ["job"] if "job" in df else []
-    return [by] if isinstance(by, str) else list(by)
+    keys = [by] if isinstance(by, str) else list(by)
+    missing = [k for k in keys if k not in df.columns]
+    if missing:
+        raise ValueError(f"by={by!r}: no column {', '.join(map(repr, missing))}; the columns: {', '.join(map(str, df.columns))}")
+    return keys
+
+
+def _bin(bin_s: float | None, may_be_none: bool) -> None:
+    if (bin_s is None and not may_be_none) or (bin_s is not None and not bin_s > 0):
+        raise ValueError(f"bin_s={bin_s!r} is invalid; allowed: a number of seconds > 0"
+                         + (" or None (no binning)" if may_be_none else ""))
 
 
 def _groups(df: pd.DataFrame, by):
@@ -82,8 +92,11 @@ def summarize_groups(requests: pd.DataFrame, steps: pd.DataFrame | None = None, 
 def slo_attainment(requests: pd.DataFrame, ttft_ms: float | None, tpot_ms: float | None, by=None,
                    e2e_ms: float | None = None) -> pd.DataFrame:
     """Per group: share of all requests that finished within every SLO given, and goodput (req/s)."""
+    if ttft_ms is None and tpot_ms is None and e2e_ms is None:
+        raise ValueError("no SLO to attain: give ttft_ms, tpot_ms and/or e2e_ms")
+    cols = _by(requests, by) + ["completed", "request_throughput", "slo_attainment", "goodput"]
     df = summarize_groups(requests, None, by, ttft_ms, tpot_ms, e2e_ms)
-    return df[_by(requests, by) + ["completed", "request_throughput", "slo_attainment", "goodput"]]
+    return df[cols] if len(df) else pd.DataFrame(columns=cols)
 
 
 def slo_curve(requests: pd.DataFrame, ttft_ms, tpot_ms=None, by=None) -> pd.DataFrame:
@@ -119,11 +132,12 @@ def kv_timeline(steps: pd.DataFrame, bin_s: float | None = None) -> pd.DataFrame
     """KV pool over time, per job: time_s and pages used (by requests), cached (prefix cache,
     evictable), free, and their shares of the pool (used_frac, cached_frac, free_frac).
     bin_s: average into bins of that many seconds (a 1,000-request run has ~40k steps)."""
+    _bin(bin_s, may_be_none=True)
     cols = ["pages_used", "pages_cached", "pages_free", "running", "waiting", "evicted_pages", "preempted"]
     out = []
     for key, g in _groups(steps, None):
         d = pd.DataFrame({"time_s": g["end_s"].to_numpy(float), **{c: g[c].to_numpy() for c in cols}})
-        if bin_s:
+        if bin_s is not None:
             b = (d["time_s"] // bin_s) * bin_s
             agg = {c: "mean" for c in cols} | {"evicted_pages": "sum", "preempted": "sum"}
             d = d.drop(columns="time_s").groupby(b.rename("time_s")).agg(agg).reset_index()
@@ -139,6 +153,7 @@ def kv_timeline(steps: pd.DataFrame, bin_s: float | None = None) -> pd.DataFrame
 def batch_composition(steps: pd.DataFrame, bin_s: float = 1.0) -> pd.DataFrame:
     """Per job and time bin: prefill and decode tokens per second of simulated (or wall)
     time, mean requests per step, mean step duration (ms), and steps run."""
+    _bin(bin_s, may_be_none=False)
     out = []
     for key, g in _groups(steps, None):
         b = ((g["start_s"] // bin_s) * bin_s).rename("time_s")

@@ -307,7 +307,7 @@ def kv_timeline(steps: pd.DataFrame, bin_s: float | None = None, title: str | No
     if not len(steps):
         raise ValueError("kv_timeline: no steps to draw (the job ran none)")
     span = float(steps["end_s"].max() - steps["start_s"].min())
-    bin_s = bin_s or _nice_bin(span / 300)
+    bin_s = _nice_bin(span / 300) if bin_s is None else bin_s
     kv = M.kv_timeline(steps, bin_s)
     bc = M.batch_composition(steps, bin_s)
     fig, axes = plt.subplots(3, 1, figsize=(10, 7.5), sharex=True)

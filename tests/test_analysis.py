@@ -164,6 +164,26 @@ def test_percentiles_slo_and_timelines(results):
         assert g["value_ms"].is_monotonic_increasing and g["cdf"].iloc[-1] == 1.0
 
 
+def test_metrics_bad_arguments_are_named(results):
+    req, steps = results.requests, results.job(results.jobs[0]).steps
+    with pytest.raises(ValueError, match="by='nope': no column 'nope'; the columns: "):
+        A.metrics.percentiles(req, by="nope")
+    with pytest.raises(ValueError, match="no SLO to attain"):
+        A.metrics.slo_attainment(req, None, None)
+    for bad in (0, -1.0):
+        with pytest.raises(ValueError, match=f"bin_s={bad!r} is invalid"):
+            A.metrics.kv_timeline(steps, bin_s=bad)
+        with pytest.raises(ValueError, match=f"bin_s={bad!r} is invalid"):
+            A.metrics.batch_composition(steps, bin_s=bad)
+    with pytest.raises(ValueError, match="candidate: not a requests.parquet table"):
+        A.compare.join_requests(req, steps)
+    # no requests (a filter that kept none): empty tables with their columns, no KeyError
+    none = req.iloc[0:0]
+    assert list(A.metrics.slo_attainment(none, 100, None).columns) == [
+        "job", "completed", "request_throughput", "slo_attainment", "goodput"]
+    assert len(A.metrics.percentiles(none)) == 0
+
+
 # ---- compare -----------------------------------------------------------------------------------
 def test_compare_run_against_itself_is_exact(results):
     path = results.summaries["path"].iloc[0]  # a path works as well as a frame
