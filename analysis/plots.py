@@ -51,8 +51,17 @@ def save(fig, path: str | Path, dpi: int = 110) -> Path:
     return path
 
 
+def _columns(df: pd.DataFrame, what: str, keys) -> None:
+    missing = [k for k in keys if k is not None and k not in df.columns]
+    if missing:
+        raise ValueError(f"{what}: no column {', '.join(map(repr, missing))}; the columns: "
+                         f"{', '.join(map(str, df.columns))}")
+
+
 def _series_labels(df: pd.DataFrame, by) -> pd.Series:
     keys = [by] if isinstance(by, str) else list(by)
+    if keys != ["job"]:  # the default: a single run's frame has no job column, and is one series
+        _columns(df, f"by={by!r}", keys)
     keys = [k for k in keys if k in df]
     if not keys:
         return pd.Series(["all"] * len(df), index=df.index)
@@ -217,6 +226,8 @@ def load_curves(summaries: pd.DataFrame, x: str = "trace.rate", by="policy",
 def pick_requests(requests: pd.DataFrame, n: int = 12, start: float = 0.5) -> list[int]:
     """n consecutive finished requests (by arrival) starting at the given fraction of the run:
     neighbours in time, so the Gantt view shows them contending for the same steps."""
+    if n < 1 or not 0 <= start <= 1:
+        raise ValueError(f"n={n}, start={start}: n must be >= 1 and start a fraction of the run in [0, 1]")
     done = M.finished(requests).sort_values(["arrival_s", "rid"])
     if not len(done):
         return []
@@ -249,6 +260,10 @@ def gantt(requests: pd.DataFrame, rids=None, n: int = 12, title: str | None = No
     if "job" in requests and requests["job"].nunique() > 1:
         raise ValueError("gantt draws one job: pass results.job(name).requests")
     rids = pick_requests(requests, n) if rids is None else list(rids)
+    unknown = sorted(set(rids) - set(requests["rid"]))
+    if unknown:
+        raise ValueError(f"rids {unknown[:10]} are not in these requests (rids {requests['rid'].min()}.."
+                         f"{requests['rid'].max()})" if len(requests) else f"rids {unknown[:10]}: no requests")
     d = requests.set_index("rid").loc[rids].reset_index().sort_values(["arrival_s", "rid"], ascending=False)
     steps = steps.sort_values("start_s").reset_index(drop=True) if steps is not None else None
     fig = None
@@ -356,6 +371,7 @@ def _nice_bin(x: float) -> float:
 # ---- generic ---------------------------------------------------------------------------------------
 def bars(df: pd.DataFrame, x: str, y: str, hue: str | None = None, title: str | None = None, ax=None):
     """Grouped bars of y by x (and hue): e.g. hit rate by eviction policy and queue order."""
+    _columns(df, "bars", (x, y, hue))
     fig = None
     if ax is None:
         fig, ax = plt.subplots(figsize=(6.5, 3.8))

@@ -224,6 +224,22 @@ def test_step_time_error_in_the_simulator_is_only_host_stretch(results):
 
 
 # ---- plots -------------------------------------------------------------------------------------
+def test_plots_name_a_missing_column_or_request(results):
+    from analysis import plots as P
+    one = results.job(results.jobs[0])
+    with pytest.raises(ValueError, match="by='nope': no column 'nope'"):
+        P.latency_cdfs(results.requests, by="nope")  # was one line for all, silently
+    with pytest.raises(ValueError, match="by='nope': no column 'nope'"):
+        P.load_curves(results.summaries, x="trace.rate", by="nope")
+    with pytest.raises(ValueError, match="bars: no column 'nope'"):
+        P.bars(results.summaries, x="policy", y="nope")
+    with pytest.raises(ValueError, match=r"rids \[99999\] are not in these requests"):
+        P.gantt(one.requests, rids=[99999])
+    for kw in ({"n": 0}, {"start": 1.5}):
+        with pytest.raises(ValueError, match="n must be >= 1 and start a fraction of the run"):
+            P.pick_requests(one.requests, **kw)
+
+
 def test_plots_write_labelled_pngs(results, tmp_path):
     from analysis import plots as P
     one = results.job(job_of(results, "chunked", 16))
