@@ -100,6 +100,8 @@ def plots(results, summaries, args, out: Path) -> list[Path]:
     slo = ", ".join(f"{name} <= {v:g} ms" for name, v in (("TTFT", args.slo_ttft_ms), ("TPOT", args.slo_tpot_ms),
                                                           ("E2E", args.slo_e2e_ms)) if v)
     x = choose_x(summaries, varying, args.x)
+    if args.by and args.by not in summaries:
+        raise ValueError(f"--by {args.by}: no such column; known: {', '.join(map(str, summaries.columns))}")
     if len(varying) == 2 and x in varying:  # colour per the other key, dashes per load
         by, style = [k for k in varying if k != x], x
     else:

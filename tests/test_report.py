@@ -93,7 +93,7 @@ def test_an_e2e_slo_recomputes_goodput_and_a_bad_slo_is_one_line(sweep, tmp_path
             f"error: {flag} {float(value):g} is invalid; an SLO is a number of milliseconds > 0"
 
 
-@pytest.mark.parametrize("case", ["missing", "empty", "only_broken", "file", "bad_job_option"])
+@pytest.mark.parametrize("case", ["missing", "empty", "only_broken", "file", "bad_job_option", "bad_x", "bad_by"])
 def test_bad_dir_is_one_line_error(case, sweep, tmp_path):
     args = []
     if case == "missing":
@@ -109,8 +109,10 @@ def test_bad_dir_is_one_line_error(case, sweep, tmp_path):
     elif case == "file":
         target = tmp_path / "f.txt"
         target.write_text("x")
-    else:
+    elif case == "bad_job_option":
         target, args = sweep, ["--job", "nope"]
+    else:  # a column that is not there, even where no load.png would be drawn
+        target, args = sweep, ["--x" if case == "bad_x" else "--by", "nope"]
     p = report(target, *args)
     assert p.returncode == 2
     assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
