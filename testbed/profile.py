@@ -93,13 +93,15 @@ def main(argv=None) -> int:
             path = write_served(Path(own["served_out"]), deployment(cfg, spec), served, batches)
             print(f"written {path}: {len(batches)} served batches")
             return 0
-        settings = assemble.engine_settings(cfg, spec)  # its errors before the served batches' minute
+        # what is wrong with the settings, before the served batches (a minute) and the engine's build
+        settings = assemble.engine_settings(cfg, spec)
+        from policies import POLICIES
         from testbed.engine.profiler import HOST_POLICIES, run_profile  # imports torch
         policies = own["policies"].split(",") if own["policies"] else list(HOST_POLICIES)
-        from policies import POLICIES
-        for name in policies:  # before the engine is built and warmed up
-            if name not in POLICIES.names():
-                raise ValueError(f"policies={own['policies']}: {name!r} is unknown; allowed: {', '.join(POLICIES.names())}")
+        known = POLICIES.names()
+        for name in policies:
+            if name not in known:
+                raise ValueError(f"policies={own['policies']}: {name!r} is unknown; allowed: {', '.join(known)}")
         if own["served_from"]:
             batches = [] if quick else read_served(Path(own["served_from"]), deployment(cfg, spec), served)
         else:

@@ -76,15 +76,19 @@ class StreamOptions(_Body):
     include_usage: bool = False
 
 
-class _Sampling(_Body):
-    model: str | None = None  # None: the one model served
-    max_tokens: int | None = Field(None, ge=1)
+class _SamplingFields(_Body):
+    """What every API names alike (testbed.core.SamplingParams, stop strings, ignore_eos)."""
     temperature: float = Field(1.0, ge=0, allow_inf_nan=False)
     top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False)
     top_k: int = -1
     seed: int | None = None
     stop: Stop = None
     ignore_eos: bool = False
+
+
+class _Sampling(_SamplingFields):
+    model: str | None = None  # None: the one model served
+    max_tokens: int | None = Field(None, ge=1)
     n: Literal[1] = 1  # one choice per request
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -113,14 +117,8 @@ class ChatBody(_Sampling):
     max_completion_tokens: int | None = Field(None, ge=1)  # the newer name of max_tokens
 
 
-class GenerateSampling(_Body):
+class GenerateSampling(_SamplingFields):
     max_new_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0, allow_inf_nan=False)
-    top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False)
-    top_k: int = -1
-    seed: int | None = None
-    stop: Stop = None
-    ignore_eos: bool = False
 
 
 class GenerateBody(_Body):
@@ -158,8 +156,8 @@ def sampling(temperature, top_p, top_k, seed) -> SamplingParams:
         raise ApiError(400, str(e), next((p for p in ("temperature", "top_p", "top_k") if p in str(e)), None)) from None
 
 
-def _sampling_args(b) -> dict:
-    """The GenerateReq arguments every API's sampling fields give (b: _Sampling or GenerateSampling)."""
+def _sampling_args(b: _SamplingFields) -> dict:
+    """The GenerateReq arguments every API's sampling fields give."""
     return {"sampling": sampling(b.temperature, b.top_p, b.top_k, b.seed),
             "stop": (b.stop,) if isinstance(b.stop, str) else tuple(b.stop or ()), "ignore_eos": b.ignore_eos}
 
