@@ -115,16 +115,26 @@ def build_server_run(cfg, spec: ModelSpec, feed, driver_class) -> Run:
 
 
 def model_spec(cfg) -> ModelSpec:
-    """The shape from model.path's config.json when a model directory is given, else model.config_path."""
+    """The shape from model.path's config.json when a model directory is given, else
+    model.config_path; its context narrowed to trace.max_context when that is set (a deployment
+    with a shorter context, as vLLM's --max-model-len: the trace, the scheduler and the engine
+    all hold to it)."""
     m = cfg.model
     if m.path:
         m = dataclasses.replace(m, config_path=m.path)
-    return model_spec_from_cfg(m)
+    spec = model_spec_from_cfg(m)
+    ctx = getattr(getattr(cfg, "trace", None), "max_context", None)
+    if ctx is None:
+        return spec
+    if isinstance(ctx, bool) or not isinstance(ctx, int) or not 2 <= ctx <= spec.max_context:
+        raise ValueError(f"trace.max_context={ctx} is invalid; allowed: 2..{spec.max_context} "
+                         f"(the context of {spec.name}), or null for the model's")
+    return dataclasses.replace(spec, max_context=ctx)
 
 
 def trace_for(cfg, spec: ModelSpec) -> Trace:
-    """Load the trace with the model's context, and its vocabulary unless trace.vocab_size
-    narrows it (ids always stay valid for the engine)."""
+    """Load the trace with the run's context (model_spec's), and the model's vocabulary unless
+    trace.vocab_size narrows it (ids always stay valid for the engine)."""
     vocab = spec.vocab_size
     if cfg.trace.vocab_size is not None:
         if not 2 <= cfg.trace.vocab_size <= spec.vocab_size:

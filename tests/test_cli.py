@@ -115,6 +115,25 @@ def test_file_trace_and_over_context(tmp_path):
     assert set(req["state"]) == {"FINISHED"} and req["prompt_tokens"].iloc[2] + 5 <= 131072
 
 
+def test_trace_max_context_narrows_the_runs_context(tmp_path):
+    """A deployment with a shorter context (vLLM's --max-model-len): the trace, the scheduler
+    and the engine hold to trace.max_context (it was overwritten with the model's: no effect)."""
+    path = tmp_path / "t.csv"
+    pd.DataFrame({"prompt_tokens": [100, 300, 1000], "output_tokens": [10, 20, 30],
+                  "arrival_s": [0.0, 0.1, 0.2]}).to_csv(path, index=False)
+    ok(cli("trace=file", f"trace.path={path}", "trace.max_context=400", f"hydra.run.dir={tmp_path / 'a'}"))
+    req = pd.read_parquet(tmp_path / "a" / "requests.parquet")
+    assert list(req["state"]) == ["FINISHED", "FINISHED", "REJECTED"]
+    assert json.loads((tmp_path / "a" / "summary.json").read_text())["trace"]["over_context"]["max_context"] == 400
+    ok(cli("trace=file", f"trace.path={path}", "trace.max_context=400", "trace.over_context=truncate",
+           f"hydra.run.dir={tmp_path / 'b'}"))
+    req = pd.read_parquet(tmp_path / "b" / "requests.parquet")
+    assert set(req["state"]) == {"FINISHED"} and list(req["prompt_tokens"]) == [100, 300, 370]
+    p = cli("trace.max_context=200000", f"hydra.run.dir={tmp_path / 'c'}")
+    assert p.returncode == 2 and p.stderr.strip().splitlines()[-1] == (
+        "error: trace.max_context=200000 is invalid; allowed: 2..131072 (the context of llama3_8b), or null for the model's")
+
+
 def test_a_users_file_is_used_whole_and_the_table_says_what_was_left_out(tmp_path):
     path = tmp_path / "t.csv"
     pd.DataFrame({"prompt_tokens": [50 + i % 200 for i in range(1500)],
