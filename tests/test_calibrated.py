@@ -286,9 +286,20 @@ def test_cli_runs_with_calibrated(tmp_path):
 
 
 def test_cli_mismatch_is_one_line_error(tmp_path):
-    p = run_cli(tmp_path, "costmodel=calibrated", "trace.num_requests=10")  # default model llama3_8b
+    p = run_cli(tmp_path, "costmodel=calibrated", f"costmodel.profile={PROFILE}", "trace.num_requests=10")  # llama3_8b
     assert p.returncode == 2
     assert "error: costmodel.profile='h200_qwen3_0_6b'" in p.stderr and "model.name: profile 'qwen3_0_6b'" in p.stderr
+
+
+def test_cli_calibrated_takes_the_pairs_profile_or_says_there_is_none(tmp_path):
+    """costmodel=calibrated without a profile: the one of the run's hardware and model (it was
+    always Qwen3-0.6B's, refused for the default model)."""
+    p = run_cli(tmp_path / "a", "costmodel=calibrated", "trace.num_requests=10")  # default: llama3_8b on h200
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "profile=h200_llama3_8b" in json.loads((tmp_path / "a" / "summary.json").read_text())["kv"]["cost_model"]
+    p = run_cli(tmp_path / "b", "costmodel=calibrated", "model=qwen3_8b", "trace.num_requests=10")
+    assert p.returncode == 2 and p.stderr.strip().splitlines()[-1].startswith(
+        "error: costmodel=calibrated: no profile of hardware=h200 and model=qwen3_8b is shipped (profiles: [")
 
 
 # ---------------------------------------------------------------------- engine behaviour the model knows

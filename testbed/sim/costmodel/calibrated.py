@@ -60,7 +60,7 @@ from testbed.sim.costmodel.fit import (EAGER_EXTRA, MODEL_FIELDS, PROFILE_FORMAT
 from testbed.sim.costmodel.hardware import HardwareSpec
 
 __all__ = ["CalibratedConfig", "CalibratedCostModel", "PROFILES_DIR", "available_profiles", "load_profile",
-           "profile_for", "resolve_profile", "write_profile"]
+           "profile_for", "resolve_profile", "shipped_profile", "write_profile"]
 
 #: Where profiles named without a path live.
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
@@ -72,7 +72,8 @@ class CalibratedConfig:
     """conf/costmodel/calibrated.yaml mirrors these.
 
     profile: a profile name (testbed/sim/costmodel/profiles/<name>.json) or a path to a
-        profile JSON (absolute, or relative to the working directory or the repo root).
+        profile JSON (absolute, or relative to the working directory or the repo root); None:
+        the one shipped for the run's hardware and model (<hardware>_<model>), else an error.
     check: refuse a profile measured on another model shape, hardware or TP degree (True), or
         use it anyway with a warning (False).
     tp: the deployment's TP degree (set from engine.tp by the simulator).
@@ -84,17 +85,18 @@ class CalibratedConfig:
         for stretches of a start, than on others.
     """
 
-    profile: str = "h200_qwen3_0_6b"
+    profile: str | None = None
     check: bool = True
     tp: int = 1
     policy: str = "all"
     host_scale: float = 1.0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.profile, (str, os.PathLike)) or not str(self.profile):
-            raise ValueError(f"costmodel.profile={self.profile!r} is invalid; allowed: a profile name "
-                             f"{available_profiles()} or a path to a profile .json")
-        self.profile = os.fspath(self.profile)
+        if self.profile is not None:
+            if not isinstance(self.profile, (str, os.PathLike)) or not str(self.profile):
+                raise ValueError(f"costmodel.profile={self.profile!r} is invalid; allowed: null (the run's "
+                                 f"<hardware>_<model>), a profile name {available_profiles()} or a path to a profile .json")
+            self.profile = os.fspath(self.profile)
         if not isinstance(self.check, bool):
             raise ValueError(f"costmodel.check={self.check!r} is invalid; allowed: true or false")
         if isinstance(self.tp, bool) or not isinstance(self.tp, int) or self.tp < 1:
@@ -114,6 +116,18 @@ def profile_for(hardware: str, model: str) -> str | None:
     """The shipped profile of a hardware / model pair, if there is one."""
     name = f"{hardware}_{model}"
     return name if name in available_profiles() else None
+
+
+def shipped_profile(hardware: str, model: str | None) -> str:
+    """costmodel.profile=null: the profile shipped for the run's hardware and model, or the
+    one-line error saying there is none."""
+    name = profile_for(hardware, model) if model else None
+    if name is None:
+        raise ValueError(f"costmodel=calibrated: no profile of hardware={hardware} and model={model} is shipped "
+                         f"(profiles: {available_profiles()}); give costmodel.profile=NAME or PATH, measure one "
+                         f"with `python -m testbed.profile model={model} out=PATH` on a GPU, or use costmodel=auto "
+                         f"(the roofline where there is no profile)")
+    return name
 
 
 def resolve_profile(profile: str | os.PathLike) -> Path:
@@ -199,10 +213,12 @@ class CalibratedCostModel:
     def __init__(self, spec: ModelSpec, hardware: HardwareSpec, cfg: CalibratedConfig | None = None,
                  profile: Mapping[str, Any] | None = None, policy: str | None = None):
         cfg = cfg if cfg is not None else CalibratedConfig()
-        prof = load_profile(profile if profile is not None else cfg.profile)
+        if profile is None:
+            profile = cfg.profile if cfg.profile is not None else shipped_profile(hardware.name, spec.name)
+        prof = load_profile(profile)
         diff = profile_mismatch(prof, spec, hardware, cfg.tp)
         if diff:
-            msg = (f"costmodel.profile={cfg.profile!r} ({prof['_path']}) was measured on another deployment: "
+            msg = (f"costmodel.profile={cfg.profile or prof.get('name')!r} ({prof['_path']}) was measured on another deployment: "
                    + "; ".join(diff)
                    + f". Measure one for this deployment with `python -m testbed.profile` "
                      f"(profiles: {available_profiles()}), or set costmodel.check=false to use it anyway")
