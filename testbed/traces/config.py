@@ -33,7 +33,7 @@ class TraceConfig:
     over_context: str = "reject"  # "reject" | "truncate"
     block_size: int = 512  # tokens per prefix block of a file trace's prefix_ids
     vocab_size: int | None = None  # token ids are drawn in [0, vocab_size); None: the model's vocabulary (32000 outside a run)
-    max_context: int | None = None  # prompt + output limit; in a run it narrows the model's context for the whole run (assemble.model_spec); None: the model's (no check outside a run)
+    max_context: int | None = None  # prompt + output limit: narrows the model's context for the whole run (trace, scheduler, engine); null: the model's
     # name="synthetic"
     prompt_len_min: int = 128  # synthetic: prompt lengths uniform in [min, max]
     prompt_len_max: int = 2048  # synthetic: the longest prompt
