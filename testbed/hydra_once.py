@@ -7,6 +7,8 @@ runs one (the same run directory and .hydra files, callbacks and logging: tests/
 compares them with Hydra's)."""
 from __future__ import annotations
 
+import sys
+
 from hydra._internal.callbacks import Callbacks
 from hydra._internal.hydra import Hydra
 from hydra._internal.utils import (create_automatic_config_search_path,
@@ -14,6 +16,9 @@ from hydra._internal.utils import (create_automatic_config_search_path,
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.utils import run_job
 from hydra.types import HydraContext, RunMode
+from omegaconf import OmegaConf, read_write
+
+from testbed.timeline.rundir import RunDirError, hold_run_dir, release_held_run_dir
 
 
 class NotComposed(Exception):
@@ -38,7 +43,20 @@ def run(task, config_dir: str, config_name: str, overrides: list[str]) -> bool:
         if cfg.hydra.mode is None:  # Hydra's main adds the override hydra.mode=RUN and composes again: its effect
             cfg.hydra.mode = RunMode.RUN
             cfg.hydra.overrides.hydra.append("hydra.mode=RUN")
-        run_and_report(lambda: _run_job(hydra, task, cfg, config_name))
+        # the run directory, resolved once (Hydra would resolve ${now:...} again), claimed before
+        # Hydra writes its files there: a refused run must not overwrite another's .hydra record
+        out = str(OmegaConf.select(cfg, "hydra.run.dir"))
+        with read_write(cfg.hydra.run):
+            cfg.hydra.run.dir = out
+        try:
+            hold_run_dir(out)
+        except RunDirError as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
+        try:
+            run_and_report(lambda: _run_job(hydra, task, cfg, config_name))
+        finally:
+            release_held_run_dir(out)  # where the run did not take it (an error before it started)
         return True
     finally:
         GlobalHydra.instance().clear()

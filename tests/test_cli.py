@@ -363,11 +363,13 @@ def test_a_run_directory_holds_one_run(tmp_path):
     from testbed.timeline.rundir import claim_run_dir
     out = tmp_path / "run"
     ok(cli("trace=sharegpt", "trace.num_requests=20", "progress=false", f"hydra.run.dir={out}"))
-    before = (out / "summary.json").read_bytes()
+    before = {f: (out / f).read_bytes() for f in ("summary.json", ".hydra/overrides.yaml", ".hydra/config.yaml",
+                                                   "run.log")}
     p = cli("trace=sharegpt", "trace.num_requests=30", "progress=false", f"hydra.run.dir={out}")
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert "already holds a run" in p.stderr.strip().splitlines()[-1]
-    assert (out / "summary.json").read_bytes() == before  # the first run's files untouched
+    # the first run's files untouched, its record of its config too (Hydra rewrote .hydra/ before the refusal)
+    assert {f: (out / f).read_bytes() for f in before} == before
     busy = tmp_path / "busy"
     lock = claim_run_dir(busy)  # another run holds it
     try:
@@ -377,6 +379,21 @@ def test_a_run_directory_holds_one_run(tmp_path):
     finally:
         lock.close()
     ok(cli("trace=sharegpt", "trace.num_requests=20", "progress=false", f"hydra.run.dir={busy}"))  # free again
+
+
+def test_runs_started_together_get_their_own_directories(tmp_path):
+    """The default run directory is named to the microsecond: a script's runs launched at once
+    do not share one (the later ones were refused: the directory was in use)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen([sys.executable, "-m", "testbed.run", f"policy={p}", "trace.num_requests=20",
+                               "progress=false"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for p in ("chunked", "prefill_first", "decode_first")]
+    for proc in procs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-2000:]
+    runs = sorted((tmp_path / "outputs").glob("*/*/summary.json"))
+    assert sorted(json.loads(r.read_text())["config"]["policy"]["name"] for r in runs) == [
+        "chunked", "decode_first", "prefill_first"]
 
 
 def test_a_failing_job_does_not_end_the_sweep(tmp_path):
