@@ -20,7 +20,7 @@ class CapacitySettings:
     high: float = 64.0  # the highest rate tried (req/s)
     iterations: int = 8  # bisection steps between them (on log(rate): each halves the bracket's ratio)
     policies: list = field(default_factory=list)  # the policies searched; empty: the composed policy
-    out: str = ""  # the output directory; empty: outputs/capacity/<date>/<time>
+    out: str = ""  # the output directory; empty: outputs/capacity/<date>/<time to the microsecond>
 
     def validate(self) -> None:
         if not _number(self.target) or not 0 < self.target <= 1:
@@ -42,7 +42,7 @@ class CapacitySettings:
 
     def out_dir(self, now: datetime.datetime | None = None) -> str:
         now = now or datetime.datetime.now()
-        return self.out or f"outputs/capacity/{now:%Y-%m-%d}/{now:%H-%M-%S}"
+        return self.out or f"outputs/capacity/{now:%Y-%m-%d}/{now:%H-%M-%S-%f}"  # searches started together: one each
 
 
 def _number(v) -> bool:
