@@ -137,14 +137,19 @@ def parse_value(text: str):
         return t
 
 
-def read_overrides(job: Path) -> dict:
-    """{key: value} from the job's .hydra/overrides.yaml (`+`/`++` prefixes dropped, deletions
-    `~key` skipped). Keys that only tune output (progress, hydra.*) are left out."""
-    path = job / ".hydra" / "overrides.yaml"
-    if not path.exists():
-        return {}
-    import yaml
-    items = yaml.safe_load(path.read_text()) or []
+def read_overrides(job: Path, summary: dict | None = None) -> dict:
+    """{key: value} from the run's own record of its overrides (summary.json's `overrides`),
+    else from the job's .hydra/overrides.yaml, which a later command into the same directory
+    may have rewritten (runs written before summary.json held them). `+`/`++` prefixes dropped,
+    deletions `~key` skipped; keys that only tune output (progress, hydra.*) are left out."""
+    if summary is not None and isinstance(summary.get("overrides"), list):
+        items = summary["overrides"]
+    else:
+        path = job / ".hydra" / "overrides.yaml"
+        if not path.exists():
+            return {}
+        import yaml
+        items = yaml.safe_load(path.read_text()) or []
     out = {}
     for item in items:
         item = str(item)
@@ -187,7 +192,7 @@ def _read_job(job: Path, want_requests: bool, want_steps: bool, include_partial:
     if s.get("complete") is False and not include_partial:
         raise ValueError(f"partial run (complete: false: {s.get('error')})")
     config = s.get("config") or {}
-    overrides = read_overrides(job)
+    overrides = read_overrides(job, s)
     groups = {g: (config.get(g) or {}).get("name") for g in GROUP_COLUMNS
               if g not in overrides and isinstance(config.get(g), dict)}
     keys = {**overrides, **groups}

@@ -162,10 +162,21 @@ class _Ran:
                            "num_requests": n, "rows": trace.rows, "rows_left_out": trace.rows_left_out,
                            "synthesized_arrivals": trace.synthesized_arrivals}
                           if trace is not None else {"name": "served", "num_requests": n}),
+                "overrides": _job_overrides(),
                 "started_at": self.started_at.isoformat(), "wall_time_s": self.wall,
                 # lines up the timelines of a client and a server run on one machine (CLOCK_MONOTONIC)
                 "clock_origin_s": self.clock_origin,
                 "steps_per_wall_s": steps / self.wall if steps is not None and self.wall else None}
+
+
+def _job_overrides() -> list[str] | None:
+    """The command line's overrides of this run's Hydra job, kept in summary.json: the run's own
+    record of them (analysis.load labels runs by them), which a later command refused the same
+    directory cannot rewrite as it can .hydra/overrides.yaml. None outside a Hydra job."""
+    from hydra.core.hydra_config import HydraConfig
+    if not HydraConfig.initialized():
+        return None
+    return [str(o) for o in HydraConfig.get().overrides.task]
 
 
 def _drive(cfg: Config, driver, trace, n: int) -> _Ran:
@@ -279,9 +290,12 @@ def task(dcfg) -> None:
     """One run of a composed config in its Hydra job (`main`, or testbed.hydra_once)."""
     from hydra.core.hydra_config import HydraConfig
     out_dir = HydraConfig.get().runtime.output_dir
+    from testbed.timeline.rundir import RunDirError
     try:
         cfg: Config = quiet_in_multirun(to_config(dcfg))
         run(cfg, out_dir)
+    except RunDirError as e:  # the directory is another run's: nothing is written there
+        _failed(out_dir, 2, f"error: {e}", refused=True)
     except (ConfigError, ValueError, FileNotFoundError) as e:
         _failed(out_dir, 2, f"error: {e}")
     except RuntimeError as e:  # the run stopped early; what was done is written
@@ -309,15 +323,21 @@ def quiet_in_multirun(cfg: Config) -> Config:
     return cfg
 
 
-def _failed(out_dir: str, code: int, message: str) -> None:
+def _failed(out_dir: str, code: int, message: str, refused: bool = False) -> None:
     """A failed run exits with `code`; a failed job of a multirun leaves a summary.json saying
     why (when its directory has none) and lets the sweep go on: the combined table names it
-    and the sweep exits 1 (testbed.sweep.CombineSweep)."""
+    and the sweep exits 1 (testbed.sweep.CombineSweep). A job refused its directory (another
+    run's) writes nothing there: the sweep directory's list of refused jobs names it."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
     print(message, file=sys.stderr)
-    if HydraConfig.get().mode != RunMode.MULTIRUN:
+    hc = HydraConfig.get()
+    if hc.mode != RunMode.MULTIRUN:
         sys.exit(code)
+    if refused:
+        from testbed.sweep import note_refused
+        note_refused(hc.sweep.dir, Path(out_dir).name, message.removeprefix("error: "))
+        return
     summary = Path(out_dir) / "summary.json"
     if not summary.exists():
         try:

@@ -46,9 +46,33 @@ def write_table(summaries, directory: str | Path) -> Path:
     return directory / "sweep.parquet"
 
 
+REFUSED = ".refused_jobs"  # in the sweep directory: "job<TAB>why" per job refused its directory
+
+
+def note_refused(sweep_dir: str | Path, job: str, why: str) -> None:
+    """A job that found its directory held by another run (a sweep run again into its own
+    directory) cannot say so there; it is listed beside the jobs instead (one short append a
+    job: whole lines even from parallel jobs)."""
+    with open(Path(sweep_dir) / REFUSED, "a") as f:
+        f.write(f"{job}\t{' '.join(why.split())}\n")
+
+
+def take_refused(sweep_dir: str | Path) -> list[tuple[str, str]]:
+    path = Path(sweep_dir) / REFUSED
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines()
+    path.unlink()
+    return [tuple(line.split("\t", 1)) for line in lines if "\t" in line]
+
+
 class CombineSweep(Callback):
+    def on_multirun_start(self, config, **kwargs) -> None:
+        take_refused(config.hydra.sweep.dir)  # a list left by a sweep that did not end is not this one's
+
     def on_multirun_end(self, config, **kwargs) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
+        refused = take_refused(sweep_dir)
         df, skipped = combine(sweep_dir)
         for s in skipped:
             log.warning("skipped job %s", s)
@@ -58,7 +82,9 @@ class CombineSweep(Callback):
         failed = df[df["complete"] == False] if len(df) else df  # noqa: E712 (a column of bools and Nones)
         for _, row in failed.iterrows():
             print(f"failed job {row['job']}: {row['error']}", file=sys.stderr)
-        if len(failed) or skipped:
+        for job, why in refused:  # its directory's row, if any, is the other run's
+            print(f"failed job {job}: {why}", file=sys.stderr)
+        if len(failed) or skipped or refused:
             sys.exit(1)
 
 

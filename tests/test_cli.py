@@ -396,6 +396,22 @@ def test_runs_started_together_get_their_own_directories(tmp_path):
         "chunked", "decode_first", "prefill_first"]
 
 
+def test_a_sweep_run_again_into_its_directory_keeps_its_jobs_labels(tmp_path):
+    """Its jobs are refused, but Hydra has rewritten their .hydra/overrides.yaml by then: the
+    combined table and analysis.load take each run's overrides from its summary.json."""
+    ok(cli("-m", "policy=chunked,prefill_first", "trace.num_requests=20", f"hydra.sweep.dir={tmp_path}"))
+    p = cli("-m", "policy=chunked,prefill_first", "trace.num_requests=30", f"hydra.sweep.dir={tmp_path}")
+    assert p.returncode == 1 and "already holds a run" in p.stderr and "hydra.sweep.dir" in p.stderr
+    assert "failed job 0_policy=chunked: run directory" in p.stderr  # it exited 0: both jobs seemed done
+    assert "failed job 1_policy=prefill_first: run directory" in p.stderr
+    assert not (tmp_path / ".refused_jobs").exists()
+    assert "trace.num_requests=30" in (tmp_path / "0_policy=chunked" / ".hydra" / "overrides.yaml").read_text()
+    sweep = pd.read_parquet(tmp_path / "sweep.parquet")
+    assert (sweep["trace.num_requests"] == 20).all() and (sweep["num_requests"] == 20).all()
+    from analysis import load
+    assert (load(tmp_path, steps=False, warn=False).requests["trace.num_requests"] == 20).all()
+
+
 def test_a_failing_job_does_not_end_the_sweep(tmp_path):
     p = cli("-m", "trace.rate=-1,4,8", "trace=sharegpt", "trace.num_requests=20", f"hydra.sweep.dir={tmp_path}")
     assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr[-2000:]

@@ -49,10 +49,10 @@ def claim_run_dir(out_dir: str | os.PathLike):
         except OSError:
             f.close()
             raise RunDirError(f"run directory {out} is in use by another run; give this one its own "
-                              f"hydra.run.dir") from None
+                              f"hydra.run.dir (a sweep: hydra.sweep.dir)") from None
     held = [n for n in RUN_FILES if (out / n).exists()]
     if held:
         f.close()
         raise RunDirError(f"run directory {out} already holds a run ({', '.join(held)}); give this one its own "
-                          f"hydra.run.dir, or remove those files")
+                          f"hydra.run.dir (a sweep: hydra.sweep.dir), or remove those files")
     return f
