@@ -4,7 +4,8 @@ each of a simulator run's start-up. For a command line of overrides only, one co
 serves all three: a failure goes to testbed.run's precheck and Hydra's own main, which report
 it as before; the config's hydra.mode is read from it; and the job runs on it as Hydra.run
 runs one (the same run directory and .hydra files, callbacks and logging: tests/test_startup.py
-compares them with Hydra's)."""
+compares them with Hydra's), its run directory claimed first (testbed.timeline.rundir), so a run
+refused there writes nothing, not even Hydra's files."""
 from __future__ import annotations
 
 import sys
