@@ -95,6 +95,9 @@ CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 register_schema()
 
 
+SLO_OBJECTIVES = ("goodput", "request_goodput", "slo_attainment")  # metrics only a run with an SLO has
+
+
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def optimize(dcfg) -> float:
     """Run one configuration and return summary.metrics[objective] (a float for the sweeper)."""
@@ -107,16 +110,17 @@ def optimize(dcfg) -> float:
         objective = str(dcfg.pop("objective", "goodput"))
     try:
         cfg = quiet_in_multirun(to_config(dcfg))
+        if objective in SLO_OBJECTIVES and all(v is None for v in (cfg.slo.ttft_ms, cfg.slo.tpot_ms, cfg.slo.e2e_ms)):
+            raise ValueError(f"objective {objective!r} needs an SLO: slo.ttft_ms, slo.tpot_ms or slo.e2e_ms "
+                             f"(+objective=NAME picks another metric)")  # before the run, not after it
         summary = run(cfg, HydraConfig.get().runtime.output_dir)
+        value = summary["metrics"].get(objective)
+        if value is None:
+            raise ValueError(f"objective {objective!r} is not among the run's metrics; "
+                             f"known: {', '.join(summary['metrics'])} (the run's files are written)")
     except (ConfigError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    value = summary["metrics"].get(objective)
-    if value is None:
-        needs_slo = objective in ("goodput", "request_goodput", "slo_attainment")
-        hint = " (goodput needs slo.ttft_ms, slo.tpot_ms or slo.e2e_ms)" if needs_slo else ""
-        raise ValueError(f"objective {objective!r} is not among the run's metrics{hint}; "
-                         f"known: {', '.join(summary['metrics'])}")
     value = float(value)
     log.info("objective %s = %s", objective, value)
     return value if math.isfinite(value) else float("nan")

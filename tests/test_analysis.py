@@ -448,7 +448,15 @@ def test_optuna_study_finds_a_token_budget(tmp_path):
 def test_optimize_objective_needs_an_slo(tmp_path):
     p = subprocess.run([sys.executable, "-m", "testbed.sweep", "trace.num_requests=20", "progress=false",
                         f"hydra.run.dir={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert p.returncode != 0 and "goodput needs slo.ttft_ms" in p.stderr
+    assert p.returncode == 2 and p.stderr.strip().splitlines()[-1] == (
+        "error: objective 'goodput' needs an SLO: slo.ttft_ms, slo.tpot_ms or slo.e2e_ms (+objective=NAME picks "
+        "another metric)")
+    assert not (tmp_path / "summary.json").exists()  # refused before running
+    p = subprocess.run([sys.executable, "-m", "testbed.sweep", "trace.num_requests=20", "progress=false",
+                        "+objective=nope", f"hydra.run.dir={tmp_path / 'b'}"], cwd=REPO, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert p.stderr.strip().splitlines()[-1].startswith("error: objective 'nope' is not among the run's metrics")
 
 
 @pytest.mark.slow
