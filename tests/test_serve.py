@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -19,7 +22,7 @@ import httpx  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from engine_fixtures import save_tiny_chat_model  # noqa: E402
-from serve_fixtures import Server, wait_for  # noqa: E402
+from serve_fixtures import ROOT, Server, wait_for  # noqa: E402
 from testbed.serve import protocol as P  # noqa: E402
 
 pytestmark = pytest.mark.slow  # each server takes ~10 s to start on 2 cores
@@ -166,6 +169,16 @@ def test_a_field_of_the_wrong_type_is_named_plainly(cls, body, message):
     with pytest.raises(P.ApiError) as e:
         P.validate(cls, body)
     assert e.value.message == message
+
+
+def test_a_second_server_into_a_served_directory_writes_nothing_there(server, model_dir):
+    """Refused at start (the directory is in use), before Hydra would rewrite the first's .hydra/."""
+    before = (server.out / ".hydra" / "overrides.yaml").read_bytes()
+    p = subprocess.run([sys.executable, "-m", "testbed.serve", f"model.path={model_dir}", "engine.device=cpu",
+                        "engine.dtype=float32", "serve.port=1", f"hydra.run.dir={server.out}"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 2 and "is in use by another run" in p.stderr.strip().splitlines()[-1], p.stderr[-2000:]
+    assert (server.out / ".hydra" / "overrides.yaml").read_bytes() == before
 
 
 def test_a_client_gone_aborts_its_request_and_frees_its_kv(server):
