@@ -289,8 +289,9 @@ def print_summary(summary: dict, out_dir: str) -> None:
 def task(dcfg) -> None:
     """One run of a composed config in its Hydra job (`main`, or testbed.hydra_once)."""
     from hydra.core.hydra_config import HydraConfig
-    out_dir = HydraConfig.get().runtime.output_dir
+
     from testbed.timeline.rundir import RunDirError
+    out_dir = HydraConfig.get().runtime.output_dir
     try:
         cfg: Config = quiet_in_multirun(to_config(dcfg))
         run(cfg, out_dir)
