@@ -157,8 +157,14 @@ def convert_gguf(gguf: str | Path, out: str | Path, *, dtype: str = "bfloat16",
         raise ConvertError(f"GGUF file {gguf} does not exist")
     if out.exists() and any(out.iterdir()) and not force:
         raise ConvertError(f"{out} exists and is not empty; pass --force to replace it")
+    with open(gguf, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise ConvertError(f"{gguf} is not a GGUF file (it does not start with the bytes 'GGUF')")
 
-    model, tokenizer = _load_dense(gguf)
+    try:
+        model, tokenizer = _load_dense(gguf)
+    except Exception as e:  # noqa: BLE001 - transformers' reader raises many kinds on a broken file
+        raise ConvertError(f"transformers could not read {gguf}: {type(e).__name__}: {e}") from e
     arch = (model.config.architectures or [type(model).__name__])[0]
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ConvertError(f"{gguf.name} is a {arch}; the engine supports "
