@@ -185,3 +185,14 @@ def test_libcuda_stub(tmp_path):
         dyn = subprocess.run(["readelf", "-d", str(lib)], capture_output=True, text=True).stdout
         assert "libcuda.so.1" in dyn  # soname: what the built modules will ask for
     assert aot.make_libcuda_stub(tmp_path / "stub") == lib  # idempotent
+
+
+def test_install_errors_on_the_command_line_are_one_line(tmp_path, capsys):
+    site = fake_site(tmp_path, version="0.7.0")
+    out = fake_build(tmp_path)
+    for args, needle in ((["--aot", str(tmp_path / "nothing"), "--site", str(site)], "error: no built modules"),
+                         (["--aot", str(out), "--site", str(tmp_path / "empty_site")], "error: no flashinfer package"),
+                         (["--aot", str(out), "--site", str(site)], "error: modules in")):
+        assert aot.main(["install", *args]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(needle), err

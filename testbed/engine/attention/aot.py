@@ -413,7 +413,11 @@ def main(argv: list[str] | None = None) -> int:
         make_venv(args.venv, args.python)
         return 0
     if args.cmd == "install":
-        install(args.aot, args.site, force=args.force)
+        try:
+            install(args.aot, args.site, force=args.force)
+        except (FileNotFoundError, RuntimeError) as e:  # nothing built there, another version, no flashinfer
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         return 0
     # build
     specs = select_specs(args.only, tuple(args.backends))
