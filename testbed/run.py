@@ -139,9 +139,18 @@ def drive_client(cfg: Config, out_dir: str, built, print_table: bool = True) -> 
     driver, n = built.driver, len(built.driver.records)
     ran = _drive(cfg, driver, built.trace, n)
     with _signals_wait_for_the_write():
-        extra = {**ran.fields(cfg, built.trace, n, None), "server": built.info, "kv": None}
+        extra = {**ran.fields(cfg, built.trace, n, None), "server": built.info, "kv": None,
+                 "request_errors": _request_errors(driver.arrived)}
         summary = _write(cfg, out_dir, ran, driver.arrived, driver.steps, extra, False, client_row, print_table)
     return _raise_for(ran, out_dir, summary)
+
+
+def _request_errors(records, most: int = 3) -> list[dict]:
+    """The failed requests' errors, the commonest first (a server that is down fails them all
+    alike): what the table names beside the count."""
+    from collections import Counter
+    counts = Counter(r.error for r in records if r.error)
+    return [{"error": e, "requests": k} for e, k in counts.most_common(most)]
 
 
 class _Ran:
@@ -266,6 +275,8 @@ def print_summary(summary: dict, out_dir: str) -> None:
                         "preemptions" + (" (the server's; not seen by a client)" if m['preemptions'] is None else "")),
         ("wall time", f"{summary['wall_time_s']:.2f} s, {f(summary['steps_per_wall_s'], '{:,.0f}')} steps/s"),
     ]
+    for e in summary.get("request_errors") or ():  # backend=http's failed requests, the commonest errors
+        rows.append(("error", f"{e['requests']} x {e['error']}"))
     if "goodput" in m:
         rows.append(("goodput", f"{m['goodput']:.2f} req/s within SLO ({m['slo_attainment']:.1%} attained)"))
     if not summary["complete"]:

@@ -80,6 +80,9 @@ def test_failed_requests_are_kept_with_their_error(fake, tmp_path):
     assert pd.isna(req["tpot_s"][4])  # one token: no TPOT
     m = summary["metrics"]
     assert m["completed"] == 2 and m["errors"] == 3 and m["failed"] == 3 and m["unfinished"] == 0
+    # the commonest errors, in summary.json and in the printed table
+    assert sorted((e["error"], e["requests"]) for e in summary["request_errors"]) == sorted((e, 1) for e in err[1:4])
+    assert "error" in p.stdout and "1 x HTTP 500: the fake server failed" in p.stdout
 
 
 def test_max_concurrency_keeps_the_wait_out_of_ttft(fake, tmp_path):
