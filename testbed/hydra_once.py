@@ -26,6 +26,18 @@ class NotComposed(Exception):
     """The overrides did not compose; Hydra's error is the cause."""
 
 
+def run_if_plain(task, config_dir: str, config_name: str, argv: list[str]) -> bool:
+    """run() for a command line of overrides only; False, with nothing run, for one with flags
+    (-m, --cfg ...), a multirun's config or overrides that do not compose: the caller's Hydra
+    main runs or reports those as before."""
+    if any(a.startswith("-") for a in argv):
+        return False
+    try:
+        return run(task, config_dir, config_name, argv)
+    except NotComposed:
+        return False
+
+
 def run(task, config_dir: str, config_name: str, overrides: list[str]) -> bool:
     """Run `task` (the function @hydra.main decorates) on OVERRIDES as `@hydra.main` would run
     it from the command line. False, with nothing run, when the config asks for a multirun

@@ -390,26 +390,16 @@ def precheck(argv: list[str]) -> str | None:
     return None
 
 
-def run_composed_once(argv: list[str]) -> bool:
-    """A command line of overrides only, run on one composition of its config (testbed.hydra_once);
-    False when not run: a multirun's config, or overrides that do not compose (the precheck and
-    Hydra's main report those as before)."""
-    from testbed import hydra_once
-    try:
-        return hydra_once.run(task, CONF_DIR, "config", argv)
-    except hydra_once.NotComposed:
-        return False
-
-
 if __name__ == "__main__":
     if {"--help", "-h"} & set(sys.argv[1:]):  # every knob with a line of help (Hydra's lists none)
         from testbed.config_help import render
         print(render())
         sys.exit(0)
+    from testbed import hydra_once
     from testbed.config import note_swept_keys
     argv = sys.argv[1:]
     note_swept_keys(argv)
-    if any(a.startswith("-") for a in argv) or not run_composed_once(argv):
+    if not hydra_once.run_if_plain(task, CONF_DIR, "config", argv):  # a multirun, or what the precheck names
         bad = precheck(argv)
         if bad:
             print(f"error: {bad}", file=sys.stderr)

@@ -64,22 +64,13 @@ def task(dcfg) -> None:
 main = hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="serve")(task)
 
 
-def run_composed_once(argv: list[str]) -> bool:
-    """Overrides only: one composition, the run directory claimed before Hydra writes there
-    (testbed.hydra_once), so a server refused a directory another run holds writes nothing."""
-    from testbed import hydra_once
-    if any(a.startswith("-") for a in argv):
-        return False
-    try:
-        return hydra_once.run(task, CONF_DIR, "serve", argv)
-    except hydra_once.NotComposed:
-        return False
-
-
 if __name__ == "__main__":
     if {"--help", "-h"} & set(sys.argv[1:]):
         from testbed.config_help import render
         print(render())
         sys.exit(0)
-    if not run_composed_once(sys.argv[1:]):
+    from testbed import hydra_once
+    # one composition, the run directory claimed before Hydra writes there: a server refused a
+    # directory another run holds writes nothing in it
+    if not hydra_once.run_if_plain(task, CONF_DIR, "serve", sys.argv[1:]):
         main()
