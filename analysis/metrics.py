@@ -20,13 +20,19 @@ UNITS = {"ttft": "TTFT (ms)", "tpot": "TPOT (ms)", "itl": "inter-token latency (
          "e2e": "end-to-end latency (ms)", "queue": "queueing delay (ms)"}
 
 
+def require_columns(df: pd.DataFrame, what: str, keys) -> None:
+    """A one-line ValueError naming the keys (None: not asked for) that are not columns of df."""
+    missing = [k for k in keys if k is not None and k not in df.columns]
+    if missing:
+        raise ValueError(f"{what}: no column {', '.join(map(repr, missing))}; the columns: "
+                         f"{', '.join(map(str, df.columns))}")
+
+
 def _by(df: pd.DataFrame, by) -> list[str]:
     if by is None:
         return ["job"] if "job" in df else []
     keys = [by] if isinstance(by, str) else list(by)
-    missing = [k for k in keys if k not in df.columns]
-    if missing:
-        raise ValueError(f"by={by!r}: no column {', '.join(map(repr, missing))}; the columns: {', '.join(map(str, df.columns))}")
+    require_columns(df, f"by={by!r}", keys)
     return keys
 
 

@@ -51,17 +51,10 @@ def save(fig, path: str | Path, dpi: int = 110) -> Path:
     return path
 
 
-def _columns(df: pd.DataFrame, what: str, keys) -> None:
-    missing = [k for k in keys if k is not None and k not in df.columns]
-    if missing:
-        raise ValueError(f"{what}: no column {', '.join(map(repr, missing))}; the columns: "
-                         f"{', '.join(map(str, df.columns))}")
-
-
 def _series_labels(df: pd.DataFrame, by) -> pd.Series:
     keys = [by] if isinstance(by, str) else list(by)
     if keys != ["job"]:  # the default: a single run's frame has no job column, and is one series
-        _columns(df, f"by={by!r}", keys)
+        M.require_columns(df, f"by={by!r}", keys)
     keys = [k for k in keys if k in df]
     if not keys:
         return pd.Series(["all"] * len(df), index=df.index)
@@ -371,7 +364,7 @@ def _nice_bin(x: float) -> float:
 # ---- generic ---------------------------------------------------------------------------------------
 def bars(df: pd.DataFrame, x: str, y: str, hue: str | None = None, title: str | None = None, ax=None):
     """Grouped bars of y by x (and hue): e.g. hit rate by eviction policy and queue order."""
-    _columns(df, "bars", (x, y, hue))
+    M.require_columns(df, "bars", (x, y, hue))
     fig = None
     if ax is None:
         fig, ax = plt.subplots(figsize=(6.5, 3.8))
