@@ -27,20 +27,21 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
 
 
-def _token_ids(v):
+def _is_token_ids(v) -> bool:
     """A list of JSON integers, as it came: pydantic alone would take true as 1 and 2.0 as 2."""
-    if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+    return isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+
+
+def _token_ids(v):
+    if not _is_token_ids(v):
         raise ValueError("must be a list of token ids (integers)")
     return v
 
 
 def _text_or_token_ids(v):
-    if isinstance(v, str):
-        return v
-    try:
-        return _token_ids(v)
-    except ValueError:
-        raise ValueError("must be a string or a list of token ids (integers)") from None
+    if not (isinstance(v, str) or _is_token_ids(v)):
+        raise ValueError("must be a string or a list of token ids (integers)")
+    return v
 
 
 def _stop(v):
