@@ -3,8 +3,8 @@ on a base commit (default b722c79, checked out beside as a detached worktree), t
 command in both (a key renamed since is translated), so machine noise hits both.
 
 Per run: wall seconds of the whole process (interpreter start to exit), its peak RSS
-(the child's own rusage; it counts the shared libraries' resident pages, ~30 MiB more in the
-hour after `pip install` wrote them than once they are read back from disk: the README's
+(the child's own rusage; it counts the shared libraries' resident pages, ~30 MiB more right
+after `pip install` wrote them than once they are read back from disk: the README's
 Simulator speed), simulated steps and requests per wall second, and start-up:
 seconds from spawning the process until the driver's run() is entered (imports, config,
 trace, scheduler and cost model built; the first step is next), with the modules' bytecode
