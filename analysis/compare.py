@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.metrics import latency_cdf, percentiles
+from analysis.metrics import latency_cdf, percentiles, require_columns
 
 # compared per request; *_ms columns are added from the *_s ones
 COMPARED = ("ttft", "tpot", "e2e", "queue")
@@ -44,9 +44,7 @@ def join_requests(reference, candidate, metrics=COMPARED, finished_only: bool = 
     cols = ["rid", "state", "arrival_s", *IDENTITY, "prefix_cached_tokens", "preemptions",
             *[f"{m}_s" for m in metrics]]
     for name, df in (("reference", a), ("candidate", b)):
-        missing = [c for c in cols if c not in df.columns]
-        if missing:
-            raise ValueError(f"{name}: not a requests.parquet table (no column {', '.join(missing)})")
+        require_columns(df, f"{name}: not a requests.parquet table", cols)
     j = a[cols].merge(b[cols], on="rid", how="inner", suffixes=("_ref", "_cand"))
     attrs = {"only_reference": int((~a["rid"].isin(b["rid"])).sum()),
              "only_candidate": int((~b["rid"].isin(a["rid"])).sum())}

@@ -78,15 +78,8 @@ def with_slo(results, slo):
     return s.merge(g, on="job", how="left")
 
 
-def _check_column(summaries, flag: str, name: str | None) -> None:
-    """A column the command line names (--x, --by) must be one of the table's."""
-    if name and name not in summaries:
-        raise ValueError(f"{flag} {name}: no such column; known: {', '.join(map(str, summaries.columns))}")
-
-
 def choose_x(summaries, varying: list[str], x: str | None) -> str | None:
     if x:
-        _check_column(summaries, "--x", x)
         return x
     for k in LOAD_KEYS:
         if k in varying:
@@ -98,6 +91,9 @@ def choose_x(summaries, varying: list[str], x: str | None) -> str | None:
 def plots(results, summaries, args, out: Path) -> list[Path]:
     from analysis import plots as P
     from analysis.load import job_labels, load
+    from analysis.metrics import require_columns
+    for flag, col in (("--x", args.x), ("--by", args.by)):  # columns the command line names
+        require_columns(summaries, flag, (col or None,))
     written = []
     varying = results.varying()
     labels = job_labels(summaries, varying)
@@ -105,7 +101,6 @@ def plots(results, summaries, args, out: Path) -> list[Path]:
     slo = ", ".join(f"{name} <= {v:g} ms" for name, v in (("TTFT", args.slo_ttft_ms), ("TPOT", args.slo_tpot_ms),
                                                           ("E2E", args.slo_e2e_ms)) if v)
     x = choose_x(summaries, varying, args.x)
-    _check_column(summaries, "--by", args.by)
     if len(varying) == 2 and x in varying:  # colour per the other key, dashes per load
         by, style = [k for k in varying if k != x], x
     else:
