@@ -21,7 +21,7 @@ def _make_auto(spec: ModelSpec, hardware: HardwareSpec, cfg: AutoConfig):
     from testbed.sim.costmodel.calibrated import (CalibratedConfig, CalibratedCostModel, load_profile,
                                                   profile_for, profile_mismatch)
     from testbed.sim.costmodel.roofline import RooflineConfig, RooflineCostModel
-    name = profile_for(hardware.name, spec.name) if spec.name else None
+    name = profile_for(hardware.name, spec.name)
     prof = load_profile(name) if name is not None else None  # read once, for the check and the model
     if prof is not None and not profile_mismatch(prof, spec, hardware, cfg.tp):
         return CalibratedCostModel(spec, hardware, CalibratedConfig(profile=name, tp=cfg.tp, policy=cfg.policy),

@@ -112,8 +112,10 @@ def available_profiles() -> list[str]:
     return sorted(p.stem for p in PROFILES_DIR.glob("*.json")) if PROFILES_DIR.is_dir() else []
 
 
-def profile_for(hardware: str, model: str) -> str | None:
-    """The shipped profile of a hardware / model pair, if there is one."""
+def profile_for(hardware: str, model: str | None) -> str | None:
+    """The shipped profile of a hardware / model pair, if there is one (none for an unnamed model)."""
+    if not model:
+        return None
     name = f"{hardware}_{model}"
     return name if name in available_profiles() else None
 
@@ -121,7 +123,7 @@ def profile_for(hardware: str, model: str) -> str | None:
 def shipped_profile(hardware: str, model: str | None) -> str:
     """costmodel.profile=null: the profile shipped for the run's hardware and model, or the
     one-line error saying there is none."""
-    name = profile_for(hardware, model) if model else None
+    name = profile_for(hardware, model)
     if name is None:
         raise ValueError(f"costmodel=calibrated: no profile of hardware={hardware} and model={model} is shipped "
                          f"(profiles: {available_profiles()}); give costmodel.profile=NAME or PATH, measure one "
